@@ -1,0 +1,33 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+// Layers, bottom to top (nothing points back up):
+//   C libraries (system-library targets)  ->  BoxkeyCore (pure: crypto, Noise, wire format, state machines)
+//   -> BoxkeyRadio (radio interface + simulated radio)  ->  executables and the PAM module.
+let package = Package(
+    name: "Boxkey",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "BoxkeyCore", targets: ["BoxkeyCore"]),
+    ],
+    targets: [
+        // C libraries from Debian, wrapped as system-library targets.
+        .systemLibrary(
+            name: "CSodium",
+            pkgConfig: "libsodium",
+            providers: [.apt(["libsodium-dev"])]
+        ),
+
+        // The pure core: no sockets, no D-Bus, no clocks of its own (time is passed in).
+        .target(
+            name: "BoxkeyCore",
+            dependencies: ["CSodium"]
+        ),
+
+        .testTarget(
+            name: "BoxkeyCoreTests",
+            dependencies: ["BoxkeyCore"],
+            exclude: ["Interop"]
+        ),
+    ]
+)

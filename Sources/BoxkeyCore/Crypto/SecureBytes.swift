@@ -1,0 +1,86 @@
+import CSodium
+
+/// A fixed-size buffer for keys and secrets, in libsodium secure memory: guard pages around it,
+/// `mlock`ed so it is not swapped out, excluded from core dumps (`MADV_DONTDUMP`), and wiped by
+/// `sodium_free` when the last reference goes away.
+///
+/// The buffer is written only while it is being built (inside this module); after that it is
+/// read-only, which is what makes the `Sendable` conformance sound.
+public final class SecureBytes: @unchecked Sendable {
+    public let count: Int
+    private let pointer: UnsafeMutableRawPointer
+
+    /// A zero-filled buffer of `count` bytes.
+    public init(count: Int) {
+        requireSodium()
+        // sodium_malloc(0) is legal but returns a pointer we must not touch; keep at least one byte.
+        guard let p = sodium_malloc(max(count, 1)) else {
+            fatalError("sodium_malloc failed: secure memory exhausted")
+        }
+        sodium_memzero(p, max(count, 1))
+        self.pointer = p
+        self.count = count
+    }
+
+    /// Copies `bytes` into secure memory. The caller remains responsible for wiping its copy.
+    public convenience init(copying bytes: UnsafeRawBufferPointer) {
+        self.init(count: bytes.count)
+        if bytes.count > 0 { pointer.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+    }
+
+    public convenience init(copying bytes: [UInt8]) {
+        self.init(count: bytes.count)
+        bytes.withUnsafeBytes { if $0.count > 0 { pointer.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+    }
+
+    /// Takes the bytes of a UTF-8 string (for a password typed by the user).
+    public convenience init(utf8 string: String) {
+        var bytes = Array(string.utf8)
+        self.init(copying: bytes)
+        secureZero(&bytes)
+    }
+
+    /// `count` random bytes generated directly into secure memory.
+    public static func random(count: Int) -> SecureBytes {
+        let s = SecureBytes(count: count)
+        randombytes_buf(s.pointer, count)
+        return s
+    }
+
+    deinit {
+        sodium_free(pointer)
+    }
+
+    public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        try body(UnsafeRawBufferPointer(start: pointer, count: count))
+    }
+
+    /// Write access, for filling the buffer right after allocation. Internal to keep the
+    /// read-only-after-construction contract.
+    func withUnsafeMutableBytes<R, E: Error>(_ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        try body(UnsafeMutableRawBufferPointer(start: pointer, count: count))
+    }
+
+    /// A new buffer holding the first `length` bytes.
+    public func prefix(_ length: Int) -> SecureBytes {
+        precondition(length <= count)
+        return withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0.prefix(length))) }
+    }
+
+    /// The bytes as an ordinary array. Only for values that are not secret (public keys,
+    /// ciphertext) or for tests; the caller must wipe the copy if it is secret.
+    public var unprotectedCopy: [UInt8] {
+        withUnsafeBytes { Array($0) }
+    }
+
+    /// Constant-time equality.
+    public func isEqual(to other: SecureBytes) -> Bool {
+        withUnsafeBytes { a in other.withUnsafeBytes { b in constantTimeEqual(a, b) } }
+    }
+}
+
+extension SecureBytes: CustomStringConvertible, CustomDebugStringConvertible {
+    // Never print the contents: this type exists to keep them out of logs.
+    public var description: String { "SecureBytes(\(count) bytes, redacted)" }
+    public var debugDescription: String { description }
+}

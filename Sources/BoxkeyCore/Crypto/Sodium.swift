@@ -1,0 +1,61 @@
+import CSodium
+
+/// libsodium must be initialised once before any other call; `sodium_init` is idempotent and
+/// thread-safe, and a global `let` runs it exactly once.
+let sodiumReady: Bool = sodium_init() >= 0
+
+@inline(__always)
+func requireSodium() {
+    precondition(sodiumReady, "libsodium failed to initialise")
+}
+
+/// Errors from the cryptographic layer. None of them carries key or plaintext material.
+public enum CryptoError: Error, Equatable, Sendable {
+    /// AEAD tag did not verify: wrong key, tampered ciphertext, or replayed nonce.
+    case authenticationFailed
+    /// An X25519 result was all zeros: the peer sent a low-order point.
+    case weakPublicKey
+    /// An input had the wrong length for the primitive.
+    case invalidLength(expected: Int, actual: Int)
+    /// `sodium_malloc` failed (the secure-memory limit is reached).
+    case secureMemoryExhausted
+}
+
+/// Random bytes from the operating system's CSPRNG (libsodium `randombytes_buf`).
+public enum SystemRandom {
+    public static func bytes(_ count: Int) -> [UInt8] {
+        requireSodium()
+        var out = [UInt8](repeating: 0, count: count)
+        out.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, $0.count) }
+        return out
+    }
+
+    public static func uniform(_ upperBound: UInt32) -> UInt32 {
+        requireSodium()
+        return randombytes_uniform(upperBound)
+    }
+}
+
+/// Overwrites a Swift array in place. Used on temporary copies of secrets that had to pass
+/// through ordinary memory (for example a decoded frame before it is split into fields).
+public func secureZero(_ bytes: inout [UInt8]) {
+    bytes.withUnsafeMutableBytes { if $0.count > 0 { sodium_memzero($0.baseAddress!, $0.count) } }
+}
+
+/// Constant-time comparison of two byte buffers of equal length.
+public func constantTimeEqual(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
+    guard a.count == b.count else { return false }
+    if a.count == 0 { return true }
+    return sodium_memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0
+}
+
+extension Array where Element == UInt8 {
+    /// `withUnsafeBytes` with typed throws (the standard library's is untyped `rethrows`).
+    @inlinable
+    public func withBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        let result: Result<R, E> = withUnsafeBytes { pointer in
+            do throws(E) { return .success(try body(pointer)) } catch { return .failure(error) }
+        }
+        return try result.get()
+    }
+}

@@ -1,0 +1,309 @@
+/// Application messages: the plaintext of one sealed envelope.
+///
+///     0     type
+///     1...  body, laid out per type (docs/protocol.md, "Application messages")
+///
+/// Decoders are exact: each field's length is checked against its limit and the message must
+/// end exactly where the last field ends. Anything else is `AppMessage.DecodeError`.
+public enum AppMessage: Sendable {
+    case credentialPush(CredentialPush)   // phone -> box
+    case loginResult(LoginResult)         // box -> phone
+    case lock                             // phone -> box
+    case logout                           // phone -> box
+    case attach                           // phone -> box: become the presence link of my session
+    case actionResult(ActionResult)       // box -> phone, answers lock / logout / attach
+    case keepalive                        // both ways, on the presence link
+    case error(ChannelError)              // both ways
+
+    public enum MessageType: UInt8, Sendable, CaseIterable {
+        case credentialPush = 0x01
+        case loginResult = 0x02
+        case lock = 0x03
+        case logout = 0x04
+        case attach = 0x05
+        case actionResult = 0x06
+        case keepalive = 0x07
+        case error = 0x08
+    }
+
+    public enum DecodeError: Error, Equatable, Sendable {
+        case empty
+        case unknownType(UInt8)
+        case truncated(MessageType)
+        case trailingBytes(MessageType)
+        case fieldTooLong(field: String, length: Int, limit: Int)
+        case fieldEmpty(field: String)
+        case invalidText(field: String)
+        case unknownValue(field: String, value: UInt8)
+    }
+
+    public var type: MessageType {
+        switch self {
+        case .credentialPush: .credentialPush
+        case .loginResult: .loginResult
+        case .lock: .lock
+        case .logout: .logout
+        case .attach: .attach
+        case .actionResult: .actionResult
+        case .keepalive: .keepalive
+        case .error: .error
+        }
+    }
+
+    /// Encodes into secure memory: a credential push holds a password.
+    public func encode() -> SecureBytes {
+        var writer = ByteWriter()
+        writer.u8(type.rawValue)
+        switch self {
+        case .credentialPush(let push):
+            writer.shortText(push.user)
+            let passwordLength = push.password.count
+            writer.u8(UInt8(passwordLength >> 8)); writer.u8(UInt8(passwordLength & 0xff))
+            let prefix = writer.bytes
+            let suffixWriter: ByteWriter = { var w = ByteWriter(); w.shortText(push.deviceName); return w }()
+            let out = SecureBytes(count: prefix.count + passwordLength + suffixWriter.bytes.count)
+            out.withUnsafeMutableBytes { o in
+                o.copyBytes(from: prefix)
+                push.password.withUnsafeBytes { p in
+                    UnsafeMutableRawBufferPointer(rebasing: o[prefix.count..<prefix.count + passwordLength]).copyMemory(from: p)
+                }
+                UnsafeMutableRawBufferPointer(rebasing: o[(prefix.count + passwordLength)...]).copyBytes(from: suffixWriter.bytes)
+            }
+            return out
+        case .loginResult(let result):
+            writer.u8(result.outcome.rawValue)
+            writer.shortText(result.reason)
+        case .actionResult(let result):
+            writer.u8(result.action.rawValue)
+            writer.u8(result.outcome.rawValue)
+        case .error(let error):
+            writer.u8(error.code.rawValue)
+            writer.shortText(error.detail)
+        case .lock, .logout, .attach, .keepalive:
+            break
+        }
+        return SecureBytes(copying: writer.bytes)
+    }
+
+    public static func decode(_ plaintext: SecureBytes) throws(DecodeError) -> AppMessage {
+        try plaintext.withUnsafeBytes { (bytes) throws(DecodeError) -> AppMessage in try decode(bytes) }
+    }
+
+    public static func decode(_ bytes: UnsafeRawBufferPointer) throws(DecodeError) -> AppMessage {
+        guard let first = bytes.first else { throw .empty }
+        guard let type = MessageType(rawValue: first) else { throw .unknownType(first) }
+        var reader = ByteReader(bytes: bytes, type: type)
+        _ = try reader.u8()
+        let message: AppMessage
+        switch type {
+        case .credentialPush:
+            let user = try reader.shortText(field: "user", limit: CredentialPush.maxUserLength)
+            guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
+            let passwordLength = Int(try reader.u8()) << 8 | Int(try reader.u8())
+            guard passwordLength > 0 else { throw .fieldEmpty(field: "password") }
+            guard passwordLength <= CredentialPush.maxPasswordLength else {
+                throw .fieldTooLong(field: "password", length: passwordLength, limit: CredentialPush.maxPasswordLength)
+            }
+            let password = try reader.secret(count: passwordLength)
+            // PAM hands the password on as a C string: an embedded NUL would silently truncate it.
+            let hasNUL = password.withUnsafeBytes { $0.contains(0) }
+            guard !hasNUL else { throw .invalidText(field: "password") }
+            let name = try reader.shortText(field: "deviceName", limit: CredentialPush.maxDeviceNameLength)
+            message = .credentialPush(CredentialPush(user: user, password: password, deviceName: name))
+        case .loginResult:
+            let raw = try reader.u8()
+            guard let outcome = LoginResult.Outcome(rawValue: raw) else { throw .unknownValue(field: "outcome", value: raw) }
+            let reason = try reader.shortText(field: "reason", limit: LoginResult.maxReasonLength)
+            message = .loginResult(LoginResult(outcome, reason: reason))
+        case .actionResult:
+            let a = try reader.u8()
+            guard let action = ActionResult.Action(rawValue: a) else { throw .unknownValue(field: "action", value: a) }
+            let o = try reader.u8()
+            guard let outcome = ActionResult.Outcome(rawValue: o) else { throw .unknownValue(field: "outcome", value: o) }
+            message = .actionResult(ActionResult(action: action, outcome: outcome))
+        case .error:
+            let c = try reader.u8()
+            guard let code = ChannelError.Code(rawValue: c) else { throw .unknownValue(field: "code", value: c) }
+            let detail = try reader.shortText(field: "detail", limit: ChannelError.maxDetailLength)
+            message = .error(ChannelError(code, detail: detail))
+        case .lock: message = .lock
+        case .logout: message = .logout
+        case .attach: message = .attach
+        case .keepalive: message = .keepalive
+        }
+        guard reader.atEnd else { throw .trailingBytes(type) }
+        return message
+    }
+}
+
+/// User name and password, pushed once per handshake.
+///
+///     0        user length U (1..128)
+///     1..U     user, UTF-8, no control characters
+///     +2       password length P (BE, 1..512; PAM_MAX_RESP_SIZE is 512)
+///     +P       password, bytes, no NUL
+///     +1       device name length N (0..32)
+///     +N       device name, UTF-8 (shown in the box's audit log and phone list)
+public struct CredentialPush: Sendable, CustomStringConvertible {
+    public static let maxUserLength = 128
+    public static let maxPasswordLength = 512
+    public static let maxDeviceNameLength = 32
+    /// type + user length + user + password length + password + name length + name.
+    public static let maxEncodedLength = 1 + 1 + maxUserLength + 2 + maxPasswordLength + 1 + maxDeviceNameLength
+
+    public let user: String
+    public let password: SecureBytes
+    public let deviceName: String
+
+    public init(user: String, password: SecureBytes, deviceName: String) {
+        self.user = user
+        self.password = password
+        self.deviceName = deviceName
+    }
+
+    /// Checks limits before sending, with the same rules the decoder applies.
+    public func validate() throws(AppMessage.DecodeError) {
+        guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
+        guard user.utf8.count <= Self.maxUserLength else { throw .fieldTooLong(field: "user", length: user.utf8.count, limit: Self.maxUserLength) }
+        guard isPrintable(user) else { throw .invalidText(field: "user") }
+        guard password.count > 0 else { throw .fieldEmpty(field: "password") }
+        guard password.count <= Self.maxPasswordLength else { throw .fieldTooLong(field: "password", length: password.count, limit: Self.maxPasswordLength) }
+        guard !password.withUnsafeBytes({ $0.contains(0) }) else { throw .invalidText(field: "password") }
+        guard deviceName.utf8.count <= Self.maxDeviceNameLength else { throw .fieldTooLong(field: "deviceName", length: deviceName.utf8.count, limit: Self.maxDeviceNameLength) }
+        guard isPrintable(deviceName) else { throw .invalidText(field: "deviceName") }
+    }
+
+    public var description: String { "CredentialPush(user: \(user), password: redacted, device: \(deviceName))" }
+}
+
+/// The box's answer to a credential push.
+public struct LoginResult: Equatable, Sendable {
+    public static let maxReasonLength = 128
+
+    public enum Outcome: UInt8, Sendable {
+        /// The PAM stack accepted the credentials; the session is open or unlocked.
+        case accepted = 0
+        /// The site's verifier rejected them (wrong password, expired account, ...).
+        case rejected = 1
+        /// No login prompt is waiting on the box; the push was discarded, not stored.
+        case notAtPrompt = 2
+        /// The prompt waits for another user (a locked session of someone else).
+        case wrongUser = 3
+        /// The PAM stack did not report an outcome in time.
+        case timedOut = 4
+    }
+
+    public var outcome: Outcome
+    /// Human-readable, for the phone to show. Never contains the password.
+    public var reason: String
+
+    public init(_ outcome: Outcome, reason: String = "") {
+        self.outcome = outcome
+        self.reason = reason
+    }
+}
+
+/// The box's answer to lock, logout and attach.
+public struct ActionResult: Equatable, Sendable {
+    public enum Action: UInt8, Sendable { case lock = 1, logout = 2, attach = 3 }
+    public enum Outcome: UInt8, Sendable {
+        case done = 0
+        /// This phone has no live session on the box.
+        case noSession = 1
+        /// logind refused or failed.
+        case failed = 2
+    }
+    public var action: Action
+    public var outcome: Outcome
+    public init(action: Action, outcome: Outcome) {
+        self.action = action
+        self.outcome = outcome
+    }
+}
+
+/// An error inside the channel; after sending or receiving one the channel closes.
+public struct ChannelError: Equatable, Sendable, Error {
+    public static let maxDetailLength = 128
+    public enum Code: UInt8, Sendable {
+        /// The message is not legal in the receiver's current state.
+        case unexpectedMessage = 1
+        /// The message did not decode.
+        case malformed = 2
+        /// Too many rejected pushes from this phone; try later.
+        case rateLimited = 3
+        /// The box could not process the request (for example its PAM bridge failed).
+        case internalError = 4
+    }
+    public var code: Code
+    public var detail: String
+    public init(_ code: Code, detail: String = "") {
+        self.code = code
+        self.detail = detail
+    }
+}
+
+extension AppMessage: Equatable {
+    public static func == (a: AppMessage, b: AppMessage) -> Bool {
+        switch (a, b) {
+        case let (.credentialPush(x), .credentialPush(y)):
+            return x.user == y.user && x.deviceName == y.deviceName && x.password.isEqual(to: y.password)
+        case let (.loginResult(x), .loginResult(y)): return x == y
+        case let (.actionResult(x), .actionResult(y)): return x == y
+        case let (.error(x), .error(y)): return x == y
+        case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive): return true
+        default: return false
+        }
+    }
+}
+
+func isPrintable(_ s: String) -> Bool {
+    s.unicodeScalars.allSatisfy { $0.value >= 0x20 && $0.value != 0x7f && !(0x80...0x9f).contains($0.value) }
+}
+
+struct ByteWriter {
+    var bytes: [UInt8] = []
+    mutating func u8(_ v: UInt8) { bytes.append(v) }
+    /// Length-prefixed (1 byte) UTF-8. Callers validate limits first; this truncates defensively.
+    mutating func shortText(_ s: String) {
+        let utf8 = Array(s.utf8.prefix(255))
+        bytes.append(UInt8(utf8.count))
+        bytes += utf8
+    }
+}
+
+struct ByteReader {
+    let bytes: UnsafeRawBufferPointer
+    let type: AppMessage.MessageType
+    var offset = 0
+
+    init(bytes: UnsafeRawBufferPointer, type: AppMessage.MessageType) {
+        self.bytes = bytes
+        self.type = type
+    }
+
+    var atEnd: Bool { offset == bytes.count }
+
+    mutating func u8() throws(AppMessage.DecodeError) -> UInt8 {
+        guard offset < bytes.count else { throw .truncated(type) }
+        defer { offset += 1 }
+        return bytes[offset]
+    }
+
+    mutating func take(_ count: Int) throws(AppMessage.DecodeError) -> UnsafeRawBufferPointer {
+        guard count <= bytes.count - offset else { throw .truncated(type) }
+        defer { offset += count }
+        return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + count])
+    }
+
+    mutating func shortText(field: String, limit: Int) throws(AppMessage.DecodeError) -> String {
+        let length = Int(try u8())
+        guard length <= limit else { throw .fieldTooLong(field: field, length: length, limit: limit) }
+        let raw = try take(length)
+        guard let text = String(validating: raw, as: UTF8.self), isPrintable(text) else { throw .invalidText(field: field) }
+        return text
+    }
+
+    mutating func secret(count: Int) throws(AppMessage.DecodeError) -> SecureBytes {
+        SecureBytes(copying: try take(count))
+    }
+}

@@ -1,0 +1,223 @@
+/// The box's side of one phone connection, as a pure value: envelopes in, envelopes and
+/// requests for the daemon out. The daemon owns the I/O, the PAM bridge and logind; this type
+/// owns the handshake, the channel and the rules of `BoxSessionState`.
+public struct BoxConnection {
+    /// Time allowed from connect to a valid message 1.
+    public static let defaultHandshakeTimeout: Duration = .seconds(5)
+    /// Time allowed from the handshake to the phone's first command.
+    public static let defaultCommandTimeout: Duration = .seconds(10)
+
+    /// What the daemon must do after a call.
+    public enum Request: Sendable {
+        /// Hand the credentials to the PAM stack that is waiting, then call `finishLogin`.
+        case login(CredentialPush)
+        /// Lock, log out, or attach to the phone's session, then call `finishAction`.
+        case action(ActionResult.Action)
+        /// The session is over; disconnect after sending `replies`.
+        case close(reason: CloseReason)
+    }
+
+    public enum CloseReason: Equatable, Sendable {
+        case refused(Refusal.Code)
+        case protocolViolation(String)
+        case peerError(ChannelError)
+        case finished
+        case timedOut
+    }
+
+    public struct Output: Sendable {
+        /// Envelopes to send to the phone, in order.
+        public var replies: [[UInt8]] = []
+        public var request: Request?
+    }
+
+    public private(set) var state: BoxSessionState = .awaitingHandshake
+    /// The phone's static key, once message 1 has been read.
+    public private(set) var phoneKey: PublicKey?
+    public let handshakeTimeout: Duration
+    public let commandTimeout: Duration
+
+    private let identity: KeyPair
+    private let boxID: BoxID
+    private var transport: NoiseTransport?
+    private var deadline: Duration?
+
+    public init(identity: KeyPair, boxID: BoxID, connectedAt now: Duration,
+                handshakeTimeout: Duration = defaultHandshakeTimeout,
+                commandTimeout: Duration = defaultCommandTimeout) {
+        self.identity = identity
+        self.boxID = boxID
+        self.handshakeTimeout = handshakeTimeout
+        self.commandTimeout = commandTimeout
+        self.deadline = now + handshakeTimeout
+    }
+
+    /// When the daemon should call `tick` next, if the session is waiting on the phone.
+    public var nextDeadline: Duration? { deadline }
+
+    /// Handles one complete envelope from the phone.
+    ///
+    /// - `nonces`: the advertisement nonces the box currently accepts.
+    /// - `replayCache`: shared by all connections of the box.
+    /// - `admit`: asked with the phone's static key once message 1 decrypts; returns a refusal
+    ///   code for a revoked or rate-limited phone, nil to go on.
+    public mutating func receive(_ bytes: [UInt8], nonces: AdvertisementNonces, replayCache: inout HandshakeReplayCache,
+                                 now: Duration, admit: (PublicKey) -> Refusal.Code?) -> Output {
+        guard state != .closed else { return Output() }
+        let envelope: Envelope
+        do {
+            envelope = try Envelope.decode(bytes)
+        } catch .unsupportedVersion {
+            return refuse(.unsupportedVersion)
+        } catch {
+            return state == .awaitingHandshake ? refuse(.malformed) : fail(.malformed, "bad envelope: \(error)")
+        }
+
+        switch (state, envelope) {
+        case (.awaitingHandshake, .handshakeInit(let nonce, let noise)):
+            return handshake(nonce: nonce, message1: noise, nonces: nonces, replayCache: &replayCache, now: now, admit: admit)
+        case (.awaitingHandshake, _):
+            return refuse(.malformed)
+        case (_, .sealed(let ciphertext)):
+            return sealed(ciphertext, now: now)
+        default:
+            return fail(.unexpectedMessage, "envelope kind not legal after the handshake")
+        }
+    }
+
+    /// The PAM stack's verdict on the push.
+    public mutating func finishLogin(_ result: LoginResult) -> Output {
+        guard let next = state.next(onLoginResult: result.outcome) else { return Output() }
+        var out = Output()
+        out.replies = seal(.loginResult(result))
+        state = next
+        deadline = nil
+        if next == .closed { out.request = .close(reason: .finished) }
+        return out
+    }
+
+    /// The outcome of a lock, logout or attach.
+    public mutating func finishAction(_ result: ActionResult) -> Output {
+        guard let next = state.next(onActionResult: result) else { return Output() }
+        var out = Output()
+        out.replies = seal(.actionResult(result))
+        state = next
+        deadline = nil
+        if next == .closed { out.request = .close(reason: .finished) }
+        return out
+    }
+
+    /// Enforces the handshake and command timeouts.
+    public mutating func tick(now: Duration) -> Output {
+        guard let deadline, now >= deadline, state != .closed else { return Output() }
+        if state == .awaitingHandshake { return refuse(.timedOut, reason: .timedOut) }
+        var out = Output()
+        out.replies = seal(.error(ChannelError(.unexpectedMessage, detail: "timed out waiting for a command")))
+        close()
+        out.request = .close(reason: .timedOut)
+        return out
+    }
+
+    // MARK: - Steps
+
+    private mutating func handshake(nonce: UInt16, message1: [UInt8], nonces: AdvertisementNonces,
+                                    replayCache: inout HandshakeReplayCache, now: Duration,
+                                    admit: (PublicKey) -> Refusal.Code?) -> Output {
+        guard nonces.accepts(nonce) else { return refuse(.staleAdvertisement) }
+        let advertisement = Advertisement(boxID: boxID, nonce: nonce, keyHint: identity.publicKey.advertisementHint)
+        var responder = NoiseIKResponder(prologue: advertisement.prologue, localStatic: identity)
+        let payload: SecureBytes
+        do {
+            payload = try responder.readMessage1(message1)
+        } catch {
+            return refuse(.handshakeFailed)
+        }
+        // Boxkey v1 sends message 1 with an empty payload (docs/protocol.md).
+        guard payload.count == 0, let phone = responder.remoteStatic, let ephemeral = responder.initiatorEphemeral else {
+            return refuse(.malformed)
+        }
+        switch replayCache.insert(ephemeral, nonce: nonce) {
+        case .replayed: return refuse(.replayedHandshake)
+        case .full: return refuse(.rateLimited)
+        case .fresh: break
+        }
+        phoneKey = phone
+        if let code = admit(phone) { return refuse(code) }
+        do {
+            let (message2, channel) = try responder.writeMessage2()
+            transport = channel
+            state = .awaitingCommand
+            deadline = now + commandTimeout
+            return Output(replies: [Envelope.handshakeResponse(noise: message2).encode()])
+        } catch {
+            return refuse(.handshakeFailed)
+        }
+    }
+
+    private mutating func sealed(_ ciphertext: [UInt8], now: Duration) -> Output {
+        guard var channel = transport else { return fail(.unexpectedMessage, "no channel") }
+        let plaintext: SecureBytes
+        do {
+            plaintext = try channel.open(ciphertext)
+        } catch {
+            // A tampered, replayed or reordered message: the channel cannot be trusted further.
+            close()
+            return Output(request: .close(reason: .protocolViolation("sealed message failed to decrypt")))
+        }
+        transport = channel
+        let message: AppMessage
+        do {
+            message = try AppMessage.decode(plaintext)
+        } catch {
+            return fail(.malformed, "\(error)")
+        }
+        guard let next = state.next(onPhone: message.type) else {
+            return fail(.unexpectedMessage, "\(message.type) not legal while \(state)")
+        }
+        state = next
+        var out = Output()
+        switch message {
+        case .credentialPush(let push):
+            deadline = nil
+            out.request = .login(push)
+        case .lock: deadline = nil; out.request = .action(.lock)
+        case .logout: deadline = nil; out.request = .action(.logout)
+        case .attach: deadline = nil; out.request = .action(.attach)
+        case .keepalive: out.replies = seal(.keepalive)
+        case .error(let e): close(); out.request = .close(reason: .peerError(e))
+        case .loginResult, .actionResult: break   // excluded by the state table
+        }
+        return out
+    }
+
+    private mutating func seal(_ message: AppMessage) -> [[UInt8]] {
+        guard var channel = transport else { return [] }
+        do {
+            let ciphertext = try channel.seal(message.encode())
+            transport = channel
+            return [Envelope.sealed(ciphertext).encode()]
+        } catch {
+            close()
+            return []
+        }
+    }
+
+    private mutating func refuse(_ code: Refusal.Code, reason: CloseReason? = nil) -> Output {
+        close()
+        return Output(replies: [Envelope.refusal(Refusal(code)).encode()], request: .close(reason: reason ?? .refused(code)))
+    }
+
+    private mutating func fail(_ code: ChannelError.Code, _ detail: String) -> Output {
+        var out = Output()
+        out.replies = seal(.error(ChannelError(code, detail: String(detail.prefix(ChannelError.maxDetailLength)))))
+        close()
+        out.request = .close(reason: .protocolViolation(detail))
+        return out
+    }
+
+    private mutating func close() {
+        state = .closed
+        transport = nil
+        deadline = nil
+    }
+}

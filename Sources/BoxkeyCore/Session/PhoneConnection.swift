@@ -1,0 +1,134 @@
+/// The phone's side of one connection to a box, as a pure value.
+public struct PhoneConnection {
+    public enum Error: Swift.Error, Equatable, Sendable {
+        /// The box refused before a channel existed.
+        case refused(Refusal)
+        /// Message 2 did not decrypt: the box does not hold the pinned key (or a relay tampered).
+        case boxAuthenticationFailed
+        case malformed(String)
+        /// The box sent something not legal in our state, or we tried to.
+        case unexpected(String)
+        /// A sealed message failed to decrypt: replay, tampering or loss of sync.
+        case channelBroken
+        /// The box ended the channel with an error.
+        case boxError(ChannelError)
+        case closed
+    }
+
+    public enum Event: Equatable, Sendable {
+        case channelOpen
+        case loginResult(LoginResult)
+        case actionResult(ActionResult)
+        case keepalive
+    }
+
+    public private(set) var state: PhoneSessionState = .idle
+    public let advertisement: Advertisement
+    public let boxKey: PublicKey
+
+    private var initiator: NoiseIKInitiator
+    private var transport: NoiseTransport?
+
+    /// `advertisement` is the one just heard from the box: its nonce goes into the prologue.
+    public init(identity: KeyPair, boxKey: PublicKey, advertisement: Advertisement, ephemeral: KeyPair? = nil) {
+        self.advertisement = advertisement
+        self.boxKey = boxKey
+        self.initiator = NoiseIKInitiator(prologue: advertisement.prologue, localStatic: identity,
+                                          remoteStatic: boxKey, ephemeral: ephemeral)
+    }
+
+    /// The first envelope to send.
+    public mutating func start() throws(Error) -> [UInt8] {
+        guard state == .idle else { throw .unexpected("handshake already started") }
+        do {
+            let message1 = try initiator.writeMessage1()
+            state = .awaitingHandshakeResponse
+            return Envelope.handshakeInit(advertisementNonce: advertisement.nonce, noise: message1).encode()
+        } catch {
+            state = .closed
+            throw .malformed("\(error)")
+        }
+    }
+
+    /// Seals a command; the state must allow it.
+    public mutating func send(_ message: AppMessage) throws(Error) -> [UInt8] {
+        guard let next = state.next(onSend: message.type) else { throw .unexpected("cannot send \(message.type) while \(state)") }
+        if case .credentialPush(let push) = message {
+            do { try push.validate() } catch { throw .malformed("\(error)") }
+        }
+        guard var channel = transport else { throw .closed }
+        do {
+            let ciphertext = try channel.seal(message.encode())
+            transport = channel
+            state = next
+            return Envelope.sealed(ciphertext).encode()
+        } catch {
+            close()
+            throw .channelBroken
+        }
+    }
+
+    /// Handles one complete envelope from the box.
+    public mutating func receive(_ bytes: [UInt8]) throws(Error) -> Event {
+        guard state != .closed else { throw .closed }
+        let envelope: Envelope
+        do { envelope = try Envelope.decode(bytes) } catch {
+            close()
+            throw .malformed("\(error)")
+        }
+        switch (state, envelope) {
+        case (_, .refusal(let refusal)):
+            close()
+            throw .refused(refusal)
+        case (.awaitingHandshakeResponse, .handshakeResponse(let noise)):
+            do {
+                let (payload, channel) = try initiator.readMessage2(noise)
+                guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }
+                transport = channel
+                state = .ready
+                return .channelOpen
+            } catch let error as Error {
+                throw error
+            } catch {
+                close()
+                throw .boxAuthenticationFailed
+            }
+        case (.idle, _), (.awaitingHandshakeResponse, _):
+            close()
+            throw .unexpected("expected handshake response")
+        case (_, .sealed(let ciphertext)):
+            guard var channel = transport else { throw .closed }
+            let plaintext: SecureBytes
+            do { plaintext = try channel.open(ciphertext) } catch {
+                close()
+                throw .channelBroken
+            }
+            transport = channel
+            let message: AppMessage
+            do { message = try AppMessage.decode(plaintext) } catch {
+                close()
+                throw .malformed("\(error)")
+            }
+            guard let next = state.next(onBox: message) else {
+                close()
+                throw .unexpected("box sent \(message.type) while \(state)")
+            }
+            state = next
+            switch message {
+            case .loginResult(let r): return .loginResult(r)
+            case .actionResult(let r): return .actionResult(r)
+            case .keepalive: return .keepalive
+            case .error(let e): close(); throw .boxError(e)
+            default: close(); throw .unexpected("box sent \(message.type)")
+            }
+        default:
+            close()
+            throw .unexpected("envelope not legal while \(state)")
+        }
+    }
+
+    public mutating func close() {
+        state = .closed
+        transport = nil
+    }
+}

@@ -1,0 +1,94 @@
+/// Which application message is legal in which state, on each side. These tables are the whole
+/// session logic; `BoxConnection` and `PhoneConnection` add the crypto and the envelopes.
+///
+/// Box:
+///
+///     awaitingHandshake --msg 1 ok--> awaitingCommand
+///     awaitingCommand --credentialPush--> verifying --accepted--> present
+///                                                   --otherwise--> closed
+///     awaitingCommand | present --lock | logout | attach--> acting(action)
+///     acting(attach) --done--> present        acting(lock | logout) --any--> closed
+///     acting(attach) --noSession | failed--> closed
+///     present --keepalive--> present (box answers keepalive)
+///     any --error, illegal message, timeout--> closed
+///
+/// One credential push per handshake: a second push is illegal in every state but
+/// awaitingCommand, and the box never leaves verifying back to awaitingCommand.
+public enum BoxSessionState: Equatable, Sendable {
+    case awaitingHandshake
+    case awaitingCommand
+    case verifying
+    case acting(ActionResult.Action)
+    case present
+    case closed
+
+    /// The state after the phone's `message`, or nil if the message is illegal here.
+    public func next(onPhone message: AppMessage.MessageType) -> BoxSessionState? {
+        switch (self, message) {
+        case (.awaitingCommand, .credentialPush): return .verifying
+        case (.awaitingCommand, .lock), (.present, .lock): return .acting(.lock)
+        case (.awaitingCommand, .logout), (.present, .logout): return .acting(.logout)
+        case (.awaitingCommand, .attach): return .acting(.attach)
+        case (.present, .keepalive): return .present
+        case (_, .error) where self != .closed: return .closed
+        default: return nil
+        }
+    }
+
+    /// The state after the box has the outcome of a push.
+    public func next(onLoginResult outcome: LoginResult.Outcome) -> BoxSessionState? {
+        guard self == .verifying else { return nil }
+        return outcome == .accepted ? .present : .closed
+    }
+
+    /// The state after the box has carried out a lock, logout or attach.
+    public func next(onActionResult result: ActionResult) -> BoxSessionState? {
+        guard case .acting(let action) = self, action == result.action else { return nil }
+        return action == .attach && result.outcome == .done ? .present : .closed
+    }
+}
+
+/// Phone:
+///
+///     idle --send msg 1--> awaitingHandshakeResponse --msg 2 ok--> ready
+///     ready --credentialPush--> awaitingLoginResult --accepted--> present
+///                                                    --otherwise--> closed
+///     ready | present --lock | logout | attach--> awaitingActionResult(action)
+///     awaitingActionResult(attach) --done--> present; every other answer --> closed
+///     present --keepalive (either way)--> present
+///     any --refusal, error, illegal message--> closed
+public enum PhoneSessionState: Equatable, Sendable {
+    case idle
+    case awaitingHandshakeResponse
+    case ready
+    case awaitingLoginResult
+    case awaitingActionResult(ActionResult.Action)
+    case present
+    case closed
+
+    /// The state after the phone sends `message`, or nil if sending it here is illegal.
+    public func next(onSend message: AppMessage.MessageType) -> PhoneSessionState? {
+        switch (self, message) {
+        case (.ready, .credentialPush): return .awaitingLoginResult
+        case (.ready, .lock), (.present, .lock): return .awaitingActionResult(.lock)
+        case (.ready, .logout), (.present, .logout): return .awaitingActionResult(.logout)
+        case (.ready, .attach): return .awaitingActionResult(.attach)
+        case (.present, .keepalive): return .present
+        case (_, .error) where self != .closed && self != .idle: return .closed
+        default: return nil
+        }
+    }
+
+    /// The state after the box's `message`, or nil if the box may not send it here.
+    public func next(onBox message: AppMessage) -> PhoneSessionState? {
+        switch (self, message) {
+        case (.awaitingLoginResult, .loginResult(let r)): return r.outcome == .accepted ? .present : .closed
+        case (.awaitingActionResult(let a), .actionResult(let r)) where r.action == a:
+            return a == .attach && r.outcome == .done ? .present : .closed
+        // A keepalive answer may cross a lock or logout the phone just sent.
+        case (.present, .keepalive), (.awaitingActionResult, .keepalive): return self
+        case (_, .error) where self != .closed: return .closed
+        default: return nil
+        }
+    }
+}

@@ -1,0 +1,4 @@
+#ifndef BOXKEY_CSODIUM_SHIM_H
+#define BOXKEY_CSODIUM_SHIM_H
+#include <sodium.h>
+#endif
