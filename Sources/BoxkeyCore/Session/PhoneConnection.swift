@@ -68,6 +68,14 @@ public struct PhoneConnection {
         }
     }
 
+    /// Seals any message, ignoring the state table: a misbehaving phone, for adversarial tests.
+    mutating func sealIgnoringState(_ message: AppMessage) throws -> [UInt8] {
+        guard var channel = transport else { throw Error.closed }
+        let ciphertext = try channel.seal(message.encode())
+        transport = channel
+        return Envelope.sealed(ciphertext).encode()
+    }
+
     /// Handles one complete envelope from the box.
     public mutating func receive(_ bytes: [UInt8]) throws(Error) -> Event {
         guard state != .closed else { throw .closed }

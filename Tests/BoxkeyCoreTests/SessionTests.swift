@@ -1,0 +1,228 @@
+import Testing
+@testable import BoxkeyCore
+
+@Suite struct SessionStateTableTests {
+    typealias T = AppMessage.MessageType
+
+    @Test func boxAcceptsOnePushPerHandshake() {
+        #expect(BoxSessionState.awaitingCommand.next(onPhone: .credentialPush) == .verifying)
+        for s: BoxSessionState in [.awaitingHandshake, .verifying, .present, .acting(.lock), .closed] {
+            #expect(s.next(onPhone: .credentialPush) == nil, "push must be illegal while \(s)")
+        }
+        #expect(BoxSessionState.verifying.next(onLoginResult: .rejected) == .closed)
+        #expect(BoxSessionState.verifying.next(onLoginResult: .accepted) == .present)
+        #expect(BoxSessionState.present.next(onLoginResult: .accepted) == nil)
+    }
+
+    @Test func boxNeverAcceptsBoxToPhoneMessages() {
+        for s: BoxSessionState in [.awaitingHandshake, .awaitingCommand, .verifying, .present, .acting(.attach)] {
+            #expect(s.next(onPhone: .loginResult) == nil)
+            #expect(s.next(onPhone: .actionResult) == nil)
+        }
+    }
+
+    @Test func boxPresenceAndActions() {
+        #expect(BoxSessionState.present.next(onPhone: .keepalive) == .present)
+        #expect(BoxSessionState.awaitingCommand.next(onPhone: .keepalive) == nil)
+        #expect(BoxSessionState.present.next(onPhone: .lock) == .acting(.lock))
+        #expect(BoxSessionState.present.next(onPhone: .attach) == nil)
+        #expect(BoxSessionState.acting(.attach).next(onActionResult: ActionResult(action: .attach, outcome: .done)) == .present)
+        #expect(BoxSessionState.acting(.attach).next(onActionResult: ActionResult(action: .attach, outcome: .noSession)) == .closed)
+        #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .lock, outcome: .done)) == .closed)
+        #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .logout, outcome: .done)) == nil)
+        #expect(BoxSessionState.verifying.next(onPhone: .error) == .closed)
+    }
+
+    @Test func phoneSendsOnlyWhatItsStateAllows() {
+        #expect(PhoneSessionState.ready.next(onSend: .credentialPush) == .awaitingLoginResult)
+        #expect(PhoneSessionState.present.next(onSend: .credentialPush) == nil)
+        #expect(PhoneSessionState.idle.next(onSend: .lock) == nil)
+        #expect(PhoneSessionState.present.next(onSend: .keepalive) == .present)
+        #expect(PhoneSessionState.ready.next(onSend: .loginResult) == nil)
+        #expect(PhoneSessionState.awaitingLoginResult.next(onBox: .loginResult(LoginResult(.accepted))) == .present)
+        #expect(PhoneSessionState.awaitingLoginResult.next(onBox: .loginResult(LoginResult(.rejected))) == .closed)
+        #expect(PhoneSessionState.ready.next(onBox: .loginResult(LoginResult(.accepted))) == nil)
+        #expect(PhoneSessionState.awaitingActionResult(.lock).next(onBox: .actionResult(ActionResult(action: .logout, outcome: .done))) == nil)
+        #expect(PhoneSessionState.present.next(onBox: .lock) == nil)
+    }
+}
+
+@Suite struct ConnectionTests {
+    @Test func loginAcceptedThenPresence() throws {
+        var x = Exchange()
+        try x.open()
+        #expect(x.box.phoneKey == Fixtures.phone.publicKey)
+        #expect(x.box.state == .awaitingCommand)
+        let (out, events) = x.toBox(try x.phone.send(.credentialPush(Fixtures.push())))
+        #expect(events.isEmpty)
+        guard case .login(let push) = out.request else { Issue.record("expected login request"); return }
+        #expect(push.user == "alice" && push.deviceName == "pixel")
+        #expect(push.password.isEqual(to: SecureBytes(utf8: "correct horse")))
+        #expect(x.box.state == .verifying)
+
+        let verdict = x.deliver(x.box.finishLogin(LoginResult(.accepted)).replies)
+        #expect(verdict.count == 1)
+        #expect(try verdict[0].get() == .loginResult(LoginResult(.accepted)))
+        #expect(x.phone.state == .present && x.box.state == .present)
+
+        let (_, pong) = x.toBox(try x.phone.send(.keepalive))
+        #expect(try pong[0].get() == .keepalive)
+    }
+
+    @Test func rejectedPushClosesAndASecondPushIsRefused() throws {
+        var x = Exchange()
+        try x.open()
+        _ = x.toBox(try x.phone.send(.credentialPush(Fixtures.push(password: "wrong"))))
+        // While verifying, the phone cannot send another push.
+        #expect(throws: PhoneConnection.Error.self) { try x.phone.send(.credentialPush(Fixtures.push())) }
+        let out = x.box.finishLogin(LoginResult(.rejected, reason: "Authentication failure"))
+        guard case .close(.finished) = out.request else { Issue.record("box must close after a rejection"); return }
+        let events = x.deliver(out.replies)
+        #expect(try events[0].get() == .loginResult(LoginResult(.rejected, reason: "Authentication failure")))
+        #expect(x.phone.state == .closed && x.box.state == .closed)
+    }
+
+    @Test func boxRefusesASecondPushOnTheSameChannel() throws {
+        // A modified phone that ignores its own state table: valid ciphertexts, illegal order.
+        var x = Exchange()
+        try x.open()
+        _ = x.toBox(try x.phone.sealIgnoringState(.credentialPush(Fixtures.push())))
+        #expect(x.box.state == .verifying)
+        let (out, events) = x.toBox(try x.phone.sealIgnoringState(.credentialPush(Fixtures.push())))
+        guard case .close(.protocolViolation(let why)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+        #expect(why.contains("not legal"))
+        #expect(x.box.state == .closed)
+        guard case .failure(.boxError(let e)) = events[0] else { Issue.record("phone not told: \(events)"); return }
+        #expect(e.code == .unexpectedMessage)
+    }
+
+    @Test func boxRefusesMessagesOnlyItMaySend() throws {
+        var x = Exchange()
+        try x.open()
+        let (out, _) = x.toBox(try x.phone.sealIgnoringState(.loginResult(LoginResult(.accepted))))
+        guard case .close(.protocolViolation) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+    }
+
+    @Test func recordedCredentialMessageCannotBeReplayed() throws {
+        var x = Exchange()
+        try x.open()
+        let recorded = try x.phone.send(.credentialPush(Fixtures.push()))
+        _ = x.toBox(recorded)
+        _ = x.box.finishLogin(LoginResult(.accepted))
+        // Same channel: the nonce has moved on.
+        let (out1, _) = x.toBox(recorded)
+        guard case .close(.protocolViolation) = out1.request else { Issue.record("replay on same channel accepted"); return }
+        // A fresh session: different keys.
+        var y = Exchange()
+        try y.open()
+        let (out2, _) = y.toBox(recorded)
+        guard case .close(.protocolViolation) = out2.request else { Issue.record("replay on new channel accepted"); return }
+        #expect(y.box.state == .closed)
+    }
+
+    @Test func recordedFirstMessageIsRefused() throws {
+        var x = Exchange()
+        let m1 = try x.open()
+        var replayBox = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
+        let out = replayBox.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _ in nil })
+        #expect(out.replies == [Envelope.refusal(Refusal(.replayedHandshake)).encode()])
+        // After the nonce rotates out, the same message is refused as stale.
+        x.nonces.rotate(); x.nonces.rotate()
+        x.cache.retain(nonces: x.nonces.live)
+        var later = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
+        let out2 = later.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _ in nil })
+        #expect(out2.replies == [Envelope.refusal(Refusal(.staleAdvertisement)).encode()])
+    }
+
+    @Test func wrongBoxKeyIsRefusedAndThePhoneCannotOpen() throws {
+        var x = Exchange(boxKey: KeyPair.generate().publicKey)
+        let (out, events) = x.toBox(try x.phone.start())
+        guard case .close(.refused(.handshakeFailed)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+        #expect(events.count == 1)
+        guard case .failure(.refused(let r)) = events[0] else { Issue.record("\(events)"); return }
+        #expect(r.code == .handshakeFailed)
+    }
+
+    @Test func phoneDetectsABoxWithoutThePinnedKey() throws {
+        // An impostor box answers message 1 with its own message 2.
+        var phone = PhoneConnection(identity: Fixtures.phone, boxKey: Fixtures.box.publicKey, advertisement: Fixtures.advertisement)
+        _ = try phone.start()
+        let bogus = Envelope.handshakeResponse(noise: KeyPair.generate().publicKey.bytes + [UInt8](repeating: 0, count: 16)).encode()
+        #expect(throws: PhoneConnection.Error.boxAuthenticationFailed) { try phone.receive(bogus) }
+    }
+
+    @Test func staleAdvertisementNonceIsRefused() throws {
+        var stale = Fixtures.advertisement
+        stale.nonce = 0x1234
+        var x = Exchange(advertisement: stale)
+        let (out, _) = x.toBox(try x.phone.start())
+        guard case .close(.refused(.staleAdvertisement)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+    }
+
+    @Test func tamperedCiphertextClosesTheChannel() throws {
+        var x = Exchange()
+        try x.open()
+        var m = try x.phone.send(.credentialPush(Fixtures.push()))
+        m[10] ^= 0x01
+        let (out, _) = x.toBox(m)
+        guard case .close(.protocolViolation) = out.request else { Issue.record("tampered message accepted"); return }
+    }
+
+    @Test func revokedPhoneIsRefused() throws {
+        var x = Exchange()
+        x.admit = { key in key == Fixtures.phone.publicKey ? .phoneRevoked : nil }
+        let (out, events) = x.toBox(try x.phone.start())
+        guard case .close(.refused(.phoneRevoked)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+        guard case .failure(.refused(let r)) = events[0] else { Issue.record("\(events)"); return }
+        #expect(r.code == .phoneRevoked)
+    }
+
+    @Test func unknownVersionGetsARefusalNamingOurVersions() throws {
+        var x = Exchange()
+        var m1 = try x.phone.start()
+        m1[0] = 9
+        let (out, _) = x.toBox(m1)
+        #expect(out.replies == [[1, 4, 1, 1, 1]])
+    }
+
+    @Test func garbageBeforeHandshakeIsRefusedAsMalformed() {
+        var x = Exchange()
+        let (out, _) = x.toBox([1, 3] + [UInt8](repeating: 0, count: 40))
+        guard case .close(.refused(.malformed)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
+    }
+
+    @Test func handshakeAndCommandTimeouts() throws {
+        var slow = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .seconds(100))
+        #expect(slow.tick(now: .seconds(104)).request == nil)
+        guard case .close(.timedOut) = slow.tick(now: .seconds(105)).request else { Issue.record("no handshake timeout"); return }
+
+        var x = Exchange()
+        try x.open()
+        #expect(x.box.nextDeadline == BoxConnection.defaultCommandTimeout)
+        let out = x.box.tick(now: .seconds(10))
+        guard case .close(.timedOut) = out.request else { Issue.record("no command timeout"); return }
+        guard case .failure(.boxError(let e)) = x.deliver(out.replies)[0] else { Issue.record("phone not told"); return }
+        #expect(e.code == .unexpectedMessage)
+    }
+
+    @Test func lockAndAttach() throws {
+        var x = Exchange()
+        try x.open()
+        let (out, _) = x.toBox(try x.phone.send(.attach))
+        guard case .action(.attach) = out.request else { Issue.record("no attach request"); return }
+        _ = x.deliver(x.box.finishAction(ActionResult(action: .attach, outcome: .done)).replies)
+        #expect(x.phone.state == .present && x.box.state == .present)
+        let (lockOut, _) = x.toBox(try x.phone.send(.lock))
+        guard case .action(.lock) = lockOut.request else { Issue.record("no lock request"); return }
+        let done = x.box.finishAction(ActionResult(action: .lock, outcome: .done))
+        #expect(try x.deliver(done.replies)[0].get() == .actionResult(ActionResult(action: .lock, outcome: .done)))
+        #expect(x.box.state == .closed && x.phone.state == .closed)
+    }
+
+    @Test func boxIgnoresLocalEventsThatDoNotFitItsState() throws {
+        var x = Exchange()
+        try x.open()
+        #expect(x.box.finishLogin(LoginResult(.accepted)).replies.isEmpty)
+        #expect(x.box.state == .awaitingCommand)
+    }
+}
