@@ -226,3 +226,20 @@ import Testing
         #expect(x.box.state == .awaitingCommand)
     }
 }
+
+@Suite struct WireSizeTests {
+    /// The table in docs/protocol.md section 11.
+    @Test func loginMessagesHaveTheDocumentedSizes() throws {
+        var x = Exchange()
+        let m1 = try x.phone.start()
+        let (out, _) = x.toBox(m1)
+        let push = try x.phone.send(.credentialPush(Fixtures.push(user: "alice", password: "correct horse", device: "pixel")))
+        _ = x.toBox(push)
+        let result = x.box.finishLogin(LoginResult(.accepted)).replies[0]
+        let sizes = [m1.count, out.replies[0].count, push.count, result.count]
+        #expect(sizes == [100, 50, 46, 21])
+        #expect(sizes.map { Framing.fragmentCount(messageLength: $0, mtu: 23) } == [6, 3, 3, 2])
+        let largest = Envelope.headerLength + CredentialPush.maxEncodedLength + NoiseIK.transportOverhead
+        #expect(largest == 695 && Framing.fragmentCount(messageLength: largest, mtu: 23) == 37)
+    }
+}
