@@ -9,6 +9,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "BoxkeyCore", targets: ["BoxkeyCore"]),
+        .library(name: "BoxkeyRadio", targets: ["BoxkeyRadio", "BoxkeySimRadio"]),
     ],
     targets: [
         // C libraries from Debian, wrapped as system-library targets.
@@ -24,6 +25,16 @@ let package = Package(
             dependencies: ["CSodium"]
         ),
 
+        // The radio interface both transports implement (BlueZ, simulated).
+        .target(name: "BoxkeyRadio"),
+
+        // The simulated radio: in-process and between processes on one machine.
+        .target(name: "BoxkeySimRadio", dependencies: ["BoxkeyRadio"]),
+
+        .testTarget(
+            name: "BoxkeyRadioTests",
+            dependencies: ["BoxkeyRadio", "BoxkeySimRadio"]
+        ),
         .testTarget(
             name: "BoxkeyCoreTests",
             dependencies: ["BoxkeyCore"],

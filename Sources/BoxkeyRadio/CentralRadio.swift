@@ -1,0 +1,42 @@
+/// What happens on a connected link, as the central sees it.
+public enum LinkEvent: Sendable, Equatable {
+    case notification(characteristic: String, value: [UInt8])
+    case disconnected(DisconnectReason)
+}
+
+/// The central role (the phone), shaped after BlueZ's `Adapter1` and `Device1`.
+public protocol CentralRadio: Sendable {
+    var address: DeviceAddress { get }
+
+    /// Scans until the consumer stops iterating (BlueZ `StartDiscovery`, `StopDiscovery`).
+    func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error>
+
+    /// Connects, exchanges the MTU, and returns the link (BlueZ `Device1.Connect`).
+    func connect(to address: DeviceAddress, timeout: Duration) async throws -> any CentralLink
+}
+
+/// One connected link.
+public protocol CentralLink: Sendable {
+    var peer: DeviceAddress { get }
+
+    /// Notifications and the disconnect, in order. One consumer; ends after `.disconnected`.
+    var events: AsyncStream<LinkEvent> { get }
+
+    /// The ATT MTU agreed for this link.
+    var mtu: Int { get async }
+
+    /// Discovers a service and returns its characteristics (BlueZ: `ServicesResolved`).
+    func discover(service uuid: String) async throws -> GATTService
+
+    func read(_ characteristic: String) async throws -> [UInt8]
+
+    /// Write Request (`withResponse`, returns after the ATT response) or Write Command.
+    func write(_ characteristic: String, value: [UInt8], withResponse: Bool) async throws
+
+    /// Enables notifications (writes the CCCD).
+    func subscribe(_ characteristic: String) async throws
+
+    func rssi() async throws -> Int
+
+    func disconnect() async
+}

@@ -1,0 +1,57 @@
+import BoxkeyRadio
+import Synchronization
+
+/// A clock that moves only when a test says so. Not a model of anything: it lets tests check
+/// timeouts (supervision, handshake, grace periods) without sleeping.
+public final class ManualClock: RadioClock {
+    private struct Sleeper {
+        let deadline: Duration
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+    private struct State {
+        var now: Duration
+        var sleepers: [UInt64: Sleeper] = [:]
+        var nextID: UInt64 = 0
+    }
+    private let state: Mutex<State>
+
+    public init(now: Duration = .zero) {
+        state = Mutex(State(now: now))
+    }
+
+    public var now: Duration { state.withLock { $0.now } }
+
+    /// How many tasks are waiting on this clock.
+    public var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+
+    public func sleep(until deadline: Duration) async throws {
+        let id = state.withLock { s -> UInt64 in s.nextID += 1; return s.nextID }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
+                let resumeNow = state.withLock { s -> Bool in
+                    if deadline <= s.now { return true }
+                    s.sleepers[id] = Sleeper(deadline: deadline, continuation: c)
+                    return false
+                }
+                if resumeNow { c.resume() }
+            }
+        } onCancel: {
+            let sleeper = state.withLock { $0.sleepers.removeValue(forKey: id) }
+            sleeper?.continuation.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Moves time forward and wakes every sleeper whose deadline has passed, earliest first.
+    public func advance(by duration: Duration) {
+        advance(to: now + duration)
+    }
+
+    public func advance(to instant: Duration) {
+        let due = state.withLock { s -> [Sleeper] in
+            s.now = max(s.now, instant)
+            let ids = s.sleepers.filter { $0.value.deadline <= s.now }.sorted { $0.value.deadline < $1.value.deadline }.map(\.key)
+            return ids.compactMap { s.sleepers.removeValue(forKey: $0) }
+        }
+        for sleeper in due { sleeper.continuation.resume() }
+    }
+}

@@ -1,0 +1,232 @@
+import BoxkeyRadio
+import Synchronization
+
+/// The central role on the simulated air.
+public final class SimulatedCentral: CentralRadio {
+    public let address: DeviceAddress
+    let air: SimulatedAir
+
+    init(air: SimulatedAir, address: DeviceAddress) {
+        self.air = air
+        self.address = address
+    }
+
+    public func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> {
+        let cursor = ScanCursor(air: air, scanner: address, filter: filter, start: air.issueTime(address))
+        return AsyncThrowingStream(unfolding: { try await cursor.next() })
+    }
+
+    public func connect(to peer: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
+        try await connectLink(to: peer, timeout: timeout)
+    }
+
+    /// `connect`, returning the concrete link (for tests that read its trace).
+    public func connectLink(to peer: DeviceAddress, timeout: Duration) async throws -> SimulatedLink {
+        let t = air.issueTime(address)
+        let (known, refuses, service, sink) = air.state.withLock { s in
+            (s.peripherals[peer] != nil, s.devices[peer]?.refusesConnections ?? false, s.peripherals[peer]?.service, s.peripherals[peer]?.mailbox)
+        }
+        guard known, let sink else { throw RadioError.deviceNotFound(peer) }
+        let inRange = (air.distance(address, peer, at: t) ?? .infinity) <= air.parameters.range
+        guard !refuses, inRange, let advert = air.nextAdvertisingEvent(of: peer, after: t) else {
+            // Nothing answers: BlueZ gives up at the connection timeout.
+            try await air.clock.sleep(until: t + timeout)
+            throw refuses ? RadioError.connectionFailed("connection refused by \(peer)") : RadioError.timedOut
+        }
+        let parameters = air.parameters
+        let anchor = advert.time + parameters.connectionSetup
+        let link = SimLink(id: air.nextConnectionID(), central: address, peripheral: peer, service: service, anchor: anchor,
+                           parameters: parameters, centralMailbox: TimedMailbox(clock: air.clock, pacing: air.pacing), peripheralSink: sink)
+        var ready = anchor
+        let mtu = parameters.negotiatedMTU
+        if mtu > 23 {
+            // ATT Exchange MTU Request and Response: one round trip.
+            let request = link.sendToPeripheral(packets: 1, valueBytes: 2, issuedAt: anchor, event: nil, air: air)
+            ready = link.sendToCentral(packets: 1, valueBytes: 2, issuedAt: request.deliveredAt, event: nil, air: air).deliveredAt
+        }
+        link.setMTU(mtu)
+        guard ready - t <= timeout else {
+            try await air.clock.sleep(until: t + timeout)
+            throw RadioError.timedOut
+        }
+        air.register(link)
+        sink.deliver(.connected(link.centralID, mtu: mtu), at: ready, waitsForClock: false, tag: nil)
+        air.noteDelivery(to: peer, at: ready)
+        air.reevaluateRange(link, now: t)
+        try await air.finish(address, at: ready)
+        return SimulatedLink(air: air, link: link)
+    }
+}
+
+/// One link as the central sees it.
+public final class SimulatedLink: CentralLink {
+    public var peer: DeviceAddress { link.peripheral }
+    public let events: AsyncStream<LinkEvent>
+    let air: SimulatedAir
+    let link: SimLink
+
+    init(air: SimulatedAir, link: SimLink) {
+        self.air = air
+        self.link = link
+        let ended = Mutex(false)
+        let mailbox = link.centralMailbox
+        self.events = AsyncStream(unfolding: {
+            if ended.withLock({ $0 }) { return nil }
+            let event = await mailbox.next()
+            if case .disconnected = event {
+                ended.withLock { $0 = true }
+                air.forget(link)
+            }
+            return event
+        })
+    }
+
+    public var mtu: Int { get async { link.mtu } }
+
+    /// When connection event 0 happened; events are `connectionInterval` apart from there.
+    public var anchor: Duration { link.anchor }
+
+    /// Every placement on this link so far, both ways.
+    public var trace: [LinkTraceEntry] { link.trace }
+
+    private var central: DeviceAddress { link.central }
+
+    private func begin() throws -> Duration {
+        let t = air.issueTime(central)
+        if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
+        return t
+    }
+
+    /// One ATT request/response pair issued at `t`; returns when the response arrives.
+    private func roundTrip(at t: Duration, requestBytes: Int, responseBytes: Int, event: PeripheralEvent? = nil) -> Duration {
+        let p = air.parameters
+        let request = link.sendToPeripheral(packets: p.packets(forValueLength: requestBytes), valueBytes: requestBytes, issuedAt: t, event: event, air: air)
+        return link.sendToCentral(packets: p.packets(forValueLength: responseBytes), valueBytes: responseBytes, issuedAt: request.deliveredAt, event: nil, air: air).deliveredAt
+    }
+
+    public func discover(service uuid: String) async throws -> GATTService {
+        var t = try begin()
+        for _ in 0..<air.parameters.discoveryRoundTrips {
+            t = roundTrip(at: t, requestBytes: 4, responseBytes: min(link.mtu - 1, 20))
+        }
+        try await air.finish(central, at: try await link.completion(of: t, clock: air.clock))
+        guard let service = link.service, service.uuid == uuid.lowercased() else { throw RadioError.serviceNotFound(uuid) }
+        return service
+    }
+
+    public func read(_ characteristic: String) async throws -> [UInt8] {
+        var t = try begin()
+        let c = try characteristicOrThrow(characteristic)
+        guard c.properties.contains(.read) else { throw RadioError.notPermitted("read on \(c.uuid)") }
+        let value = c.value ?? []
+        // ATT Read returns MTU-1 bytes; a full response means the client goes on with Read Blob.
+        let chunk = link.mtu - 1
+        var offset = 0
+        repeat {
+            let n = min(chunk, value.count - offset)
+            t = roundTrip(at: t, requestBytes: offset == 0 ? 2 : 4, responseBytes: n)
+            offset += n
+            if n < chunk { break }
+        } while true
+        try await air.finish(central, at: try await link.completion(of: t, clock: air.clock))
+        return value
+    }
+
+    public func write(_ characteristic: String, value: [UInt8], withResponse: Bool) async throws {
+        let t = try begin()
+        let c = try characteristicOrThrow(characteristic)
+        guard c.properties.contains(withResponse ? .write : .writeWithoutResponse) else {
+            throw RadioError.notPermitted((withResponse ? "write" : "write-without-response") + " on \(c.uuid)")
+        }
+        let mtu = link.mtu
+        guard value.count <= mtu - 3 else { throw RadioError.invalidLength(length: value.count, limit: mtu - 3) }
+        let event = PeripheralEvent.wrote(link.centralID, characteristic: c.uuid, value: value, mtu: mtu)
+        let p = air.parameters
+        if withResponse {
+            let done = roundTrip(at: t, requestBytes: value.count, responseBytes: 0, event: event)
+            try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
+        } else {
+            let placement = link.sendToPeripheral(packets: p.packets(forValueLength: value.count), valueBytes: value.count, issuedAt: t, event: event, air: air)
+            try await air.finish(central, at: placement.acceptedAt)
+        }
+    }
+
+    public func subscribe(_ characteristic: String) async throws {
+        let t = try begin()
+        let c = try characteristicOrThrow(characteristic)
+        guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(c.uuid)") }
+        link.subscribe(c.uuid)
+        let done = roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid))
+        try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
+    }
+
+    public func rssi() async throws -> Int {
+        let t = try begin()
+        guard let rssi = air.rssi(central, link.peripheral, at: t) else { throw RadioError.notConnected }
+        return rssi
+    }
+
+    public func disconnect() async {
+        link.close(by: .toPeripheral, at: air.issueTime(central), air: air)
+    }
+
+    private func characteristicOrThrow(_ uuid: String) throws -> GATTCharacteristic {
+        guard let c = link.service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid.lowercased()) }
+        return c
+    }
+}
+
+/// A scan in progress: yields each matching advertiser at its first advertising event heard
+/// after the scan started (and again when its data changes, or every event with `duplicates`).
+/// The scanner listens continuously, as BlueZ discovery does (100% scan duty cycle).
+final class ScanCursor: Sendable {
+    private struct State {
+        var cursor: Duration
+        var reported: [DeviceAddress: AdvertisingData] = [:]
+    }
+    private let air: SimulatedAir
+    private let scanner: DeviceAddress
+    private let filter: ScanFilter
+    private let state: Mutex<State>
+
+    init(air: SimulatedAir, scanner: DeviceAddress, filter: ScanFilter, start: Duration) {
+        self.air = air
+        self.scanner = scanner
+        self.filter = filter
+        self.state = Mutex(State(cursor: start))
+    }
+
+    func next() async throws -> ScanResult? {
+        while true {
+            try Task.checkCancellation()
+            let version = air.changeVersion
+            let (after, reported) = state.withLock { ($0.cursor, $0.reported) }
+            let advertisers = air.state.withLock { s in s.peripherals.filter { $0.value.advertising != nil }.map(\.key) }
+            var best: ScanResult?
+            for address in advertisers where address != scanner {
+                var t = after
+                for _ in 0..<64 {
+                    guard let (event, data) = air.nextAdvertisingEvent(of: address, after: t) else { break }
+                    if let best, event >= best.timestamp { break }
+                    t = event
+                    if !filter.duplicates, reported[address] == data { break }
+                    guard let d = air.distance(scanner, address, at: event), d <= air.parameters.range,
+                          let rssi = air.rssi(scanner, address, at: event), filter.matches(data, rssi: rssi) else { continue }
+                    best = ScanResult(address: address, rssi: rssi, advertisement: data, timestamp: event)
+                    break
+                }
+            }
+            if let best {
+                if air.pacing == .realTime { try await air.clock.sleep(until: best.timestamp) }
+                state.withLock { s in
+                    s.cursor = best.timestamp
+                    s.reported[best.address] = best.advertisement
+                }
+                return best
+            }
+            await air.waitForChange(since: version, orUntil: air.clock.now + .seconds(1))
+            let now = air.clock.now
+            state.withLock { $0.cursor = max($0.cursor, now) }
+        }
+    }
+}

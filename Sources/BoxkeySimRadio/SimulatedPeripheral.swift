@@ -1,0 +1,60 @@
+import BoxkeyRadio
+
+/// The peripheral role on the simulated air.
+public final class SimulatedPeripheral: PeripheralRadio {
+    public let address: DeviceAddress
+    public let events: AsyncStream<PeripheralEvent>
+    let air: SimulatedAir
+
+    init(air: SimulatedAir, address: DeviceAddress, mailbox: TimedMailbox<PeripheralEvent>) {
+        self.air = air
+        self.address = address
+        self.events = AsyncStream(unfolding: { await mailbox.next() })
+    }
+
+    public func publish(_ service: GATTService) async throws {
+        air.state.withLock { $0.peripherals[address]?.service = service }
+    }
+
+    public func advertise(_ data: AdvertisingData) async throws {
+        let now = air.issueTime(address)
+        air.state.withLock { s in
+            let since = s.peripherals[address]?.advertising?.since ?? now
+            s.peripherals[address]?.advertising = (data, since)
+        }
+        air.signalChange()
+    }
+
+    public func stopAdvertising() async {
+        air.state.withLock { $0.peripherals[address]?.advertising = nil }
+        air.signalChange()
+    }
+
+    public func notify(_ central: CentralID, characteristic: String, value: [UInt8]) async throws {
+        let t = air.issueTime(address)
+        guard let link = air.link(for: central), link.peripheral == address else { throw RadioError.notConnected }
+        if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
+        let uuid = characteristic.lowercased()
+        guard let c = link.service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid) }
+        guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
+        guard link.isSubscribed(uuid) else { throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)") }
+        let limit = link.mtu - 3
+        guard value.count <= limit else { throw RadioError.invalidLength(length: value.count, limit: limit) }
+        let placement = link.sendToCentral(packets: air.parameters.packets(forValueLength: value.count), valueBytes: value.count,
+                                           issuedAt: t, event: .notification(characteristic: uuid, value: value), air: air)
+        try await air.finish(address, at: placement.acceptedAt)
+    }
+
+    public func rssi(of central: CentralID) async throws -> Int {
+        let t = air.issueTime(address)
+        guard let link = air.link(for: central), link.peripheral == address else { throw RadioError.notConnected }
+        if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
+        guard let rssi = air.rssi(address, central.address, at: t) else { throw RadioError.notConnected }
+        return rssi
+    }
+
+    public func disconnect(_ central: CentralID) async {
+        let t = air.issueTime(address)
+        air.link(for: central)?.close(by: .toCentral, at: t, air: air)
+    }
+}

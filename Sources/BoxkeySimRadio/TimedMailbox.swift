@@ -1,0 +1,116 @@
+import BoxkeyRadio
+import Synchronization
+
+/// A single-consumer queue of items due at modelled times. With `.realTime` pacing the
+/// consumer receives each item when the clock reaches its time; with `.instant` pacing it
+/// receives traffic at once (the item still carries its time), while timer items — a
+/// supervision timeout — always wait for the clock.
+final class TimedMailbox<Item: Sendable>: Sendable {
+    struct Entry: Sendable {
+        var time: Duration
+        var item: Item
+        var waitsForClock: Bool
+        var tag: UInt64?
+    }
+    private struct State {
+        var entries: [Entry] = []
+        var closed = false
+        var waiter: CheckedContinuation<Void, Never>?
+        /// Bumped on every change, so a consumer never sleeps through one it did not see.
+        var version: UInt64 = 0
+    }
+
+    private let state = Mutex(State())
+    private let clock: any RadioClock
+    private let pacing: Pacing
+
+    init(clock: any RadioClock, pacing: Pacing) {
+        self.clock = clock
+        self.pacing = pacing
+    }
+
+    /// Adds an item, keeping time order (stable for equal times).
+    func push(_ item: Item, at time: Duration, waitsForClock: Bool = false, tag: UInt64? = nil) {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            guard !s.closed else { return nil }
+            let index = s.entries.lastIndex { $0.time <= time }.map { $0 + 1 } ?? 0
+            s.entries.insert(Entry(time: time, item: item, waitsForClock: waitsForClock, tag: tag), at: index)
+            s.version &+= 1
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Removes pending items carrying `tag`.
+    func remove(tag: UInt64) {
+        state.withLock { $0.entries.removeAll { $0.tag == tag } }
+    }
+
+    /// Removes and returns pending items due after `time` (for traffic that a lost link never
+    /// delivered).
+    func take(after time: Duration) -> [Entry] {
+        state.withLock { s in
+            let taken = s.entries.filter { $0.time > time && $0.tag == nil }
+            s.entries.removeAll { $0.time > time && $0.tag == nil }
+            return taken
+        }
+    }
+
+    /// No more items after those queued.
+    func close() {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            s.closed = true
+            s.version &+= 1
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume()
+    }
+
+    private enum Step { case deliver(Item), wait(Duration?, UInt64), finished }
+
+    /// The next item when it is due, or nil once closed and drained (or on cancellation).
+    func next() async -> Item? {
+        while !Task.isCancelled {
+            let now = clock.now
+            let step = state.withLock { s -> Step in
+                guard let head = s.entries.first else { return s.closed ? .finished : .wait(nil, s.version) }
+                let due = head.time <= now || (pacing == .instant && !head.waitsForClock)
+                if due { s.entries.removeFirst(); return .deliver(head.item) }
+                return .wait(head.time, s.version)
+            }
+            switch step {
+            case .deliver(let item): return item
+            case .finished: return nil
+            case .wait(let deadline, let version): await waitForChange(since: version, orUntil: deadline)
+            }
+        }
+        return nil
+    }
+
+    private func waitForChange(since version: UInt64, orUntil deadline: Duration?) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { [self] in
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                        let resumeNow = state.withLock { s -> Bool in
+                            if Task.isCancelled || s.closed || s.version != version { return true }
+                            s.waiter = c
+                            return false
+                        }
+                        if resumeNow { c.resume() }
+                    }
+                } onCancel: { [self] in
+                    let w = state.withLock { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }
+                    w?.resume()
+                }
+            }
+            if let deadline {
+                group.addTask { [clock] in try? await clock.sleep(until: deadline) }
+            }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+}

@@ -1,0 +1,65 @@
+import BoxkeyRadio
+import BoxkeySimRadio
+import Testing
+
+/// A GATT service shaped like Boxkey's, for radio tests that must not depend on the protocol.
+enum TestService {
+    static let service = "0000aaaa-0000-1000-8000-00805f9b34fb"
+    static let info = "0000aaa1-0000-1000-8000-00805f9b34fb"
+    static let request = "0000aaa2-0000-1000-8000-00805f9b34fb"
+    static let response = "0000aaa3-0000-1000-8000-00805f9b34fb"
+    static let infoValue: [UInt8] = Array(0..<36)
+
+    static var definition: GATTService {
+        GATTService(uuid: service, characteristics: [
+            GATTCharacteristic(uuid: info, properties: .read, value: infoValue),
+            GATTCharacteristic(uuid: request, properties: [.write, .writeWithoutResponse]),
+            GATTCharacteristic(uuid: response, properties: .notify),
+        ])
+    }
+
+    static var advertising: AdvertisingData {
+        AdvertisingData(serviceUUIDs: [service], manufacturerData: [0xFFFF: [0x10, 0x12, 0xD5, 0, 1, 0x42]])
+    }
+}
+
+let boxAddress = DeviceAddress("00:AA:01:00:00:00")!
+let phoneAddress = DeviceAddress("00:AA:01:01:00:01")!
+
+/// Which radio a test body runs against.
+enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
+    /// In-process air, manual clock, instant pacing: connection events are counted, not waited for.
+    case inProcess
+    /// Two `SocketAir`s talking through Unix sockets in a private directory, real clock.
+    case crossProcess
+
+    var testDescription: String { rawValue }
+}
+
+/// A connected peripheral/central pair on one backend, ready for a test body.
+struct RadioPair {
+    let peripheral: any PeripheralRadio
+    let central: any CentralRadio
+    let link: any CentralLink
+    let clock: any RadioClock
+    let parameters: SimulationParameters
+    /// Keeps the cross-process airs and their directory alive.
+    let owner: AnyObject?
+}
+
+func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = SimulationParameters()) async throws -> RadioPair {
+    switch backend {
+    case .inProcess:
+        let clock = ManualClock()
+        let air = SimulatedAir(parameters: parameters, clock: clock, pacing: .instant)
+        let peripheral = air.peripheral(boxAddress, at: 0)
+        let central = air.central(phoneAddress, at: 1)
+        try await peripheral.publish(TestService.definition)
+        try await peripheral.advertise(TestService.advertising)
+        let link = try await central.connect(to: boxAddress, timeout: .seconds(5))
+        return RadioPair(peripheral: peripheral, central: central, link: link, clock: clock, parameters: parameters, owner: air)
+    case .crossProcess:
+        fatalError("cross-process radio not built yet")
+    }
+}
+
