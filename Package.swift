@@ -11,6 +11,10 @@ let package = Package(
         .library(name: "BoxkeyCore", targets: ["BoxkeyCore"]),
         .library(name: "BoxkeyRadio", targets: ["BoxkeyRadio", "BoxkeySimRadio"]),
     ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-extras", from: "1.35.2"),
+    ],
     targets: [
         // C libraries from Debian, wrapped as system-library targets.
         .systemLibrary(
@@ -29,11 +33,19 @@ let package = Package(
         .target(name: "BoxkeyRadio"),
 
         // The simulated radio: in-process and between processes on one machine.
-        .target(name: "BoxkeySimRadio", dependencies: ["BoxkeyRadio"]),
+        .target(name: "BoxkeySimRadio", dependencies: [
+            "BoxkeyRadio",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOExtras", package: "swift-nio-extras"),
+        ]),
+
+        // A peripheral in its own process, for the cross-process radio tests.
+        .executableTarget(name: "SimRadioPeer", dependencies: ["BoxkeyRadio", "BoxkeySimRadio"]),
 
         .testTarget(
             name: "BoxkeyRadioTests",
-            dependencies: ["BoxkeyRadio", "BoxkeySimRadio"]
+            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer"]
         ),
         .testTarget(
             name: "BoxkeyCoreTests",

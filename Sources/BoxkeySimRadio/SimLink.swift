@@ -8,6 +8,10 @@ protocol PeripheralSink: Sendable {
     func remove(tag: UInt64)
     /// Removes and returns traffic due after `time` that has not been consumed yet.
     func take(after time: Duration) -> [(PeripheralEvent, Duration)]
+    /// The central moved (the peripheral's process computes RSSI from it).
+    func centralMoved(_ trajectory: Trajectory)
+    /// The link is over; release what carries it.
+    func linkEnded()
 }
 
 extension TimedMailbox: PeripheralSink where Item == PeripheralEvent {
@@ -17,6 +21,8 @@ extension TimedMailbox: PeripheralSink where Item == PeripheralEvent {
     func take(after time: Duration) -> [(PeripheralEvent, Duration)] {
         (take(after: time) as [Entry]).map { ($0.item, $0.time) }
     }
+    func centralMoved(_ trajectory: Trajectory) {}
+    func linkEnded() {}
 }
 
 /// One placement on a link, for tests and benchmarks that count connection events.
@@ -269,7 +275,8 @@ extension SimulatedAir {
     }
 
     func forget(_ link: SimLink) {
-        _ = state.withLock { $0.links.removeValue(forKey: link.id) }
+        let removed = state.withLock { $0.links.removeValue(forKey: link.id) }
+        if removed != nil { link.peripheralSink.linkEnded() }
     }
 
     func link(for central: CentralID) -> SimLink? {

@@ -59,8 +59,28 @@ public final class SimulatedAir: Sendable {
             device.trajectory = Trajectory(from: device.trajectory.position(at: now), to: position, start: now, duration: duration)
             s.devices[address] = device
         }
-        for link in links(of: address) { reevaluateRange(link, now: now) }
+        for link in links(of: address) {
+            reevaluateRange(link, now: now)
+            if link.central == address, let t = state.withLock({ $0.devices[address]?.trajectory }) {
+                link.peripheralSink.centralMoved(t)
+            }
+        }
+        peripheralChanged(address)
         signalChange()
+    }
+
+    func peripheralChanged(_ address: DeviceAddress) {
+        let hook = state.withLock { $0.peripherals[address]?.mailbox != nil ? $0.onPeripheralChange : nil }
+        hook?(address)
+    }
+
+    func refreshRemote() {
+        let hook = state.withLock { $0.refresher }
+        hook?()
+    }
+
+    func remoteCentral(_ id: CentralID) -> (any RemoteCentral)? {
+        state.withLock { $0.remoteCentrals[id.connection] }
     }
 
     /// Ends radio contact on every link of `address` now, as interference or a dead battery
@@ -207,9 +227,23 @@ struct DeviceState {
 }
 
 struct PeripheralState {
-    let mailbox: TimedMailbox<PeripheralEvent>
+    /// Local peripherals: where their events go.
+    var mailbox: TimedMailbox<PeripheralEvent>?
+    /// Peripherals in another process: opens a link to them (`SocketAir`).
+    var connector: (@Sendable (_ central: DeviceAddress, _ trajectory: Trajectory) async throws -> any PeripheralSink)?
     var service: GATTService?
     var advertising: (data: AdvertisingData, since: Duration)?
+}
+
+/// A central in another process connected to a local peripheral (`SocketAir`).
+protocol RemoteCentral: Sendable {
+    var id: CentralID { get }
+    var mtu: Int { get }
+    var downReason: DisconnectReason? { get }
+    func isSubscribed(_ characteristic: String) -> Bool
+    func notify(characteristic: String, value: [UInt8], issuedAt: Duration)
+    func rssi(at t: Duration, peripheralPosition: Double, air: SimulatedAir) -> Int
+    func disconnect(at t: Duration)
 }
 
 struct AirState {
@@ -221,6 +255,11 @@ struct AirState {
     var changeVersion: UInt64 = 0
     var changeWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
     var nextWaiter: UInt64 = 0
+    var remoteCentrals: [UInt64: any RemoteCentral] = [:]
+    /// Set by `SocketAir`: publishes a local peripheral's state for other processes.
+    var onPeripheralChange: (@Sendable (DeviceAddress) -> Void)?
+    /// Set by `SocketAir`: brings other processes' peripherals into this air.
+    var refresher: (@Sendable () -> Void)?
 }
 
 extension String {

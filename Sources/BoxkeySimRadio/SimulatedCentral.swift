@@ -22,19 +22,31 @@ public final class SimulatedCentral: CentralRadio {
 
     /// `connect`, returning the concrete link (for tests that read its trace).
     public func connectLink(to peer: DeviceAddress, timeout: Duration) async throws -> SimulatedLink {
+        air.refreshRemote()
         let t = air.issueTime(address)
-        let (known, refuses, service, sink) = air.state.withLock { s in
-            (s.peripherals[peer] != nil, s.devices[peer]?.refusesConnections ?? false, s.peripherals[peer]?.service, s.peripherals[peer]?.mailbox)
+        let (entry, refuses, trajectory) = air.state.withLock { s in
+            (s.peripherals[peer], s.devices[peer]?.refusesConnections ?? false, s.devices[address]?.trajectory ?? .still(at: 0))
         }
-        guard known, let sink else { throw RadioError.deviceNotFound(peer) }
+        guard let entry else { throw RadioError.deviceNotFound(peer) }
+        let service = entry.service
         let inRange = (air.distance(address, peer, at: t) ?? .infinity) <= air.parameters.range
         guard !refuses, inRange, let advert = air.nextAdvertisingEvent(of: peer, after: t) else {
             // Nothing answers: BlueZ gives up at the connection timeout.
             try await air.clock.sleep(until: t + timeout)
             throw refuses ? RadioError.connectionFailed("connection refused by \(peer)") : RadioError.timedOut
         }
+        let sink: any PeripheralSink
+        if let mailbox = entry.mailbox {
+            sink = mailbox
+        } else if let connector = entry.connector {
+            do { sink = try await connector(address, trajectory) } catch {
+                throw RadioError.connectionFailed("\(peer) did not answer: \(error)")
+            }
+        } else {
+            throw RadioError.deviceNotFound(peer)
+        }
         let parameters = air.parameters
-        let anchor = advert.time + parameters.connectionSetup
+        let anchor = max(advert.time, air.clock.now) + parameters.connectionSetup
         let link = SimLink(id: air.nextConnectionID(), central: address, peripheral: peer, service: service, anchor: anchor,
                            parameters: parameters, centralMailbox: TimedMailbox(clock: air.clock, pacing: air.pacing), peripheralSink: sink)
         var ready = anchor
@@ -46,10 +58,12 @@ public final class SimulatedCentral: CentralRadio {
         }
         link.setMTU(mtu)
         guard ready - t <= timeout else {
+            sink.linkEnded()
             try await air.clock.sleep(until: t + timeout)
             throw RadioError.timedOut
         }
         air.register(link)
+        (sink as? SocketPeripheralSink)?.attach(link, air: air)
         sink.deliver(.connected(link.centralID, mtu: mtu), at: ready, waitsForClock: false, tag: nil)
         air.noteDelivery(to: peer, at: ready)
         air.reevaluateRange(link, now: t)
@@ -199,6 +213,7 @@ final class ScanCursor: Sendable {
     func next() async throws -> ScanResult? {
         while true {
             try Task.checkCancellation()
+            air.refreshRemote()
             let version = air.changeVersion
             let (after, reported) = state.withLock { ($0.cursor, $0.reported) }
             let advertisers = air.state.withLock { s in s.peripherals.filter { $0.value.advertising != nil }.map(\.key) }
@@ -224,7 +239,9 @@ final class ScanCursor: Sendable {
                 }
                 return best
             }
-            await air.waitForChange(since: version, orUntil: air.clock.now + .seconds(1))
+            // Other processes' advertisers are polled, so wake often when there may be some.
+            let poll: Duration = air.state.withLock { $0.refresher } == nil ? .seconds(1) : .milliseconds(50)
+            await air.waitForChange(since: version, orUntil: air.clock.now + poll)
             let now = air.clock.now
             state.withLock { $0.cursor = max($0.cursor, now) }
         }

@@ -14,6 +14,7 @@ public final class SimulatedPeripheral: PeripheralRadio {
 
     public func publish(_ service: GATTService) async throws {
         air.state.withLock { $0.peripherals[address]?.service = service }
+        air.peripheralChanged(address)
     }
 
     public func advertise(_ data: AdvertisingData) async throws {
@@ -22,16 +23,29 @@ public final class SimulatedPeripheral: PeripheralRadio {
             let since = s.peripherals[address]?.advertising?.since ?? now
             s.peripherals[address]?.advertising = (data, since)
         }
+        air.peripheralChanged(address)
         air.signalChange()
     }
 
     public func stopAdvertising() async {
         air.state.withLock { $0.peripherals[address]?.advertising = nil }
+        air.peripheralChanged(address)
         air.signalChange()
     }
 
     public func notify(_ central: CentralID, characteristic: String, value: [UInt8]) async throws {
         let t = air.issueTime(address)
+        if let remote = air.remoteCentral(central) {
+            if let reason = remote.downReason { throw RadioError.disconnected(reason) }
+            let uuid = characteristic.lowercased()
+            let service = air.state.withLock { $0.peripherals[address]?.service }
+            guard let c = service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid) }
+            guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
+            guard remote.isSubscribed(uuid) else { throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)") }
+            guard value.count <= remote.mtu - 3 else { throw RadioError.invalidLength(length: value.count, limit: remote.mtu - 3) }
+            remote.notify(characteristic: uuid, value: value, issuedAt: t)
+            return
+        }
         guard let link = air.link(for: central), link.peripheral == address else { throw RadioError.notConnected }
         if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
         let uuid = characteristic.lowercased()
@@ -47,6 +61,10 @@ public final class SimulatedPeripheral: PeripheralRadio {
 
     public func rssi(of central: CentralID) async throws -> Int {
         let t = air.issueTime(address)
+        if let remote = air.remoteCentral(central) {
+            if let reason = remote.downReason { throw RadioError.disconnected(reason) }
+            return remote.rssi(at: t, peripheralPosition: air.position(of: address) ?? 0, air: air)
+        }
         guard let link = air.link(for: central), link.peripheral == address else { throw RadioError.notConnected }
         if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
         guard let rssi = air.rssi(address, central.address, at: t) else { throw RadioError.notConnected }
@@ -55,6 +73,7 @@ public final class SimulatedPeripheral: PeripheralRadio {
 
     public func disconnect(_ central: CentralID) async {
         let t = air.issueTime(address)
+        if let remote = air.remoteCentral(central) { remote.disconnect(at: t); return }
         air.link(for: central)?.close(by: .toCentral, at: t, air: air)
     }
 }

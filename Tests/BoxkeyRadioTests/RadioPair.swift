@@ -1,5 +1,6 @@
 import BoxkeyRadio
 import BoxkeySimRadio
+import Foundation
 import Testing
 
 /// A GATT service shaped like Boxkey's, for radio tests that must not depend on the protocol.
@@ -59,7 +60,45 @@ func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = Simula
         let link = try await central.connect(to: boxAddress, timeout: .seconds(5))
         return RadioPair(peripheral: peripheral, central: central, link: link, clock: clock, parameters: parameters, owner: air)
     case .crossProcess:
-        fatalError("cross-process radio not built yet")
+        let world = try CrossProcessWorld(parameters: parameters)
+        try await world.start()
+        let link = try await world.central.connect(to: boxAddress, timeout: .seconds(5))
+        return RadioPair(peripheral: world.peripheral, central: world.central, link: link, clock: MonotonicClock(), parameters: parameters, owner: world)
     }
 }
 
+
+/// Two socket airs sharing a fresh directory: the cross-process radio's sockets and files,
+/// inside one test process. (`CrossProcessTests` starts a second process for real.)
+final class CrossProcessWorld: @unchecked Sendable {
+    let directory: String
+    let boxAir: SocketAir
+    let phoneAir: SocketAir
+    let peripheral: SimulatedPeripheral
+    let central: SimulatedCentral
+
+    init(parameters: SimulationParameters) throws {
+        directory = try makeTemporaryDirectory()
+        boxAir = try SocketAir(directory: directory, parameters: parameters)
+        phoneAir = try SocketAir(directory: directory, parameters: parameters)
+        peripheral = try boxAir.peripheral(boxAddress, at: 0)
+        central = phoneAir.central(phoneAddress, at: 1)
+    }
+
+    func start() async throws {
+        try await peripheral.publish(TestService.definition)
+        try await peripheral.advertise(TestService.advertising)
+    }
+
+    deinit {
+        boxAir.shutdown()
+        phoneAir.shutdown()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+func makeTemporaryDirectory() throws -> String {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-test-\(UUID().uuidString.prefix(8))").path
+    try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
