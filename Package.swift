@@ -10,10 +10,17 @@ let package = Package(
     products: [
         .library(name: "BoxkeyCore", targets: ["BoxkeyCore"]),
         .library(name: "BoxkeyRadio", targets: ["BoxkeyRadio", "BoxkeySimRadio"]),
+        // The PAM module. scripts/build-pam-module links the installable pam_boxkey.so
+        // (static Swift runtime, -z nodelete, only pam_sm_* exported).
+        .library(name: "pam_boxkey", type: .dynamic, targets: ["pam_boxkey"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-extras", from: "1.35.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
     ],
     targets: [
         // C libraries from Debian, wrapped as system-library targets.
@@ -22,6 +29,19 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]
         ),
+        .systemLibrary(
+            name: "CPAM",
+            pkgConfig: "pam",
+            providers: [.apt(["libpam0g-dev"])]
+        ),
+        .systemLibrary(
+            name: "CDBus",
+            pkgConfig: "dbus-1",
+            providers: [.apt(["libdbus-1-dev"])]
+        ),
+
+        // Linux calls that need _GNU_SOURCE (SO_PEERCRED, PR_SET_DUMPABLE).
+        .target(name: "CBoxkeySys"),
 
         // The pure core: no sockets, no D-Bus, no clocks of its own (time is passed in).
         .target(
@@ -38,6 +58,34 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOExtras", package: "swift-nio-extras"),
+        ]),
+
+        // The daemon <-> PAM module socket protocol and its blocking client (no Foundation:
+        // the PAM module links it statically).
+        .target(name: "BoxkeyPAMWire"),
+
+        .target(name: "pam_boxkey", dependencies: ["BoxkeyPAMWire", "CPAM"]),
+
+        // The box daemon's parts, as a library so tests can run them in-process.
+        .target(name: "BoxkeyDaemon", dependencies: [
+            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "CDBus", "CBoxkeySys",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            .product(name: "TOMLKit", package: "TOMLKit"),
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+        ]),
+        .executableTarget(name: "boxkeyd", dependencies: [
+            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPAMWire",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+
+        // The phone's parts: identity, pinned boxes, the vault, the link to a box.
+        .target(name: "BoxkeyPhone", dependencies: ["BoxkeyCore", "BoxkeyRadio"]),
+        .executableTarget(name: "boxkey", dependencies: [
+            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPhone", "CBoxkeySys",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
         // A peripheral in its own process, for the cross-process radio tests.

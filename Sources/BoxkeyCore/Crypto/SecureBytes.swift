@@ -40,6 +40,12 @@ public final class SecureBytes: @unchecked Sendable {
         secureZero(&bytes)
     }
 
+    /// A buffer filled by `body`, which sees the memory once, while it is being built.
+    public convenience init(count: Int, initializingWith body: (UnsafeMutableRawBufferPointer) -> Void) {
+        self.init(count: count)
+        body(UnsafeMutableRawBufferPointer(start: pointer, count: count))
+    }
+
     /// `count` random bytes generated directly into secure memory.
     public static func random(count: Int) -> SecureBytes {
         let s = SecureBytes(count: count)

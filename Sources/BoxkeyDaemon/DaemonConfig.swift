@@ -1,0 +1,169 @@
+import BoxkeyCore
+import Foundation
+import TOMLKit
+
+/// `/etc/boxkey/boxkeyd.conf` (TOML). Every key is optional; docs/operations.md lists them
+/// with their defaults, which are the values below.
+public struct DaemonConfig: Sendable, Equatable {
+    public enum RadioBackend: String, Sendable { case auto, simulated, bluez }
+    public enum Policy: String, Sendable { case lock, logout, none }
+
+    // [box]
+    public var boxID: BoxID?
+    public var stateDirectory = "/var/lib/boxkey"
+    // [radio]
+    public var radio: RadioBackend = .auto
+    public var adapter = ""
+    public var advertisingInterval: Duration = .milliseconds(100)
+    public var nonceRotation: Duration = .seconds(60)
+    public var simDirectory = ""
+    public var simPosition = 0.0
+    // [sessions]
+    public var handshakeTimeout: Duration = .seconds(5)
+    public var commandTimeout: Duration = .seconds(10)
+    public var outcomeTimeout: Duration = .seconds(60)
+    public var maxConnections = 4
+    // [limits]
+    public var failedHandshakesPerMinute = 20
+    public var rejectedPushesPerPhone = 5
+    public var rejectedPushesTotal = 20
+    public var rejectionWindow: Duration = .seconds(15 * 60)
+    // [presence]
+    public var policy: Policy = .lock
+    public var grace: Duration = .seconds(5)
+    public var rssiLockThreshold = -80
+    public var rssiReturnThreshold = -60
+    public var rssiSamples = 5
+    public var rssiInterval: Duration = .seconds(1)
+    public var awayAfter: Duration = .seconds(5)
+    // [pam]
+    public var pamSocket = "/run/boxkey/pam.sock"
+    /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
+    public var pamAllowedUIDs: [UInt32] = []
+    public var maxPromptWait: Duration = .seconds(120)
+
+    public init() {}
+
+    public struct Error: Swift.Error, CustomStringConvertible, Equatable {
+        public let description: String
+        init(_ d: String) { description = d }
+    }
+
+    public static func load(path: String) throws -> DaemonConfig {
+        guard FileManager.default.fileExists(atPath: path) else { return DaemonConfig() }
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+            throw Error("\(path): cannot read the file")
+        }
+        return try parse(text, source: path)
+    }
+
+    /// Parses and validates; unknown sections and keys are errors, so a typo never silently
+    /// falls back to a default.
+    public static func parse(_ text: String, source: String = "config") throws -> DaemonConfig {
+        let table: TOMLTable
+        do { table = try TOMLTable(string: text) } catch {
+            throw Error("\(source): not valid TOML: \(error)")
+        }
+        var c = DaemonConfig()
+        var reader = Reader(source: source)
+        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam"])
+        if let t = try reader.section(table, "box", keys: ["id", "state_directory"]) {
+            if let id = try reader.string(t, "box", "id") {
+                guard let boxID = BoxID(id) else { throw Error("\(source): [box] id must be four digits, got \"\(id)\"") }
+                c.boxID = boxID
+            }
+            c.stateDirectory = try reader.string(t, "box", "state_directory") ?? c.stateDirectory
+        }
+        if let t = try reader.section(table, "radio", keys: ["backend", "adapter", "advertising_interval_ms", "nonce_rotation_s", "sim_directory", "sim_position"]) {
+            if let b = try reader.string(t, "radio", "backend") {
+                guard let backend = RadioBackend(rawValue: b) else { throw Error("\(source): [radio] backend must be auto, simulated or bluez") }
+                c.radio = backend
+            }
+            c.adapter = try reader.string(t, "radio", "adapter") ?? c.adapter
+            c.advertisingInterval = try reader.milliseconds(t, "radio", "advertising_interval_ms", 20...10_240) ?? c.advertisingInterval
+            c.nonceRotation = try reader.seconds(t, "radio", "nonce_rotation_s", 5...3600) ?? c.nonceRotation
+            c.simDirectory = try reader.string(t, "radio", "sim_directory") ?? c.simDirectory
+            c.simPosition = try reader.double(t, "radio", "sim_position") ?? c.simPosition
+        }
+        if let t = try reader.section(table, "sessions", keys: ["handshake_timeout_s", "command_timeout_s", "outcome_timeout_s", "max_connections"]) {
+            c.handshakeTimeout = try reader.seconds(t, "sessions", "handshake_timeout_s", 1...60) ?? c.handshakeTimeout
+            c.commandTimeout = try reader.seconds(t, "sessions", "command_timeout_s", 1...120) ?? c.commandTimeout
+            c.outcomeTimeout = try reader.seconds(t, "sessions", "outcome_timeout_s", 5...600) ?? c.outcomeTimeout
+            c.maxConnections = try reader.int(t, "sessions", "max_connections", 1...32) ?? c.maxConnections
+        }
+        if let t = try reader.section(table, "limits", keys: ["failed_handshakes_per_minute", "rejected_pushes_per_phone", "rejected_pushes_total", "rejection_window_s"]) {
+            c.failedHandshakesPerMinute = try reader.int(t, "limits", "failed_handshakes_per_minute", 1...10_000) ?? c.failedHandshakesPerMinute
+            c.rejectedPushesPerPhone = try reader.int(t, "limits", "rejected_pushes_per_phone", 1...1000) ?? c.rejectedPushesPerPhone
+            c.rejectedPushesTotal = try reader.int(t, "limits", "rejected_pushes_total", 1...10_000) ?? c.rejectedPushesTotal
+            c.rejectionWindow = try reader.seconds(t, "limits", "rejection_window_s", 10...86_400) ?? c.rejectionWindow
+        }
+        if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s"]) {
+            if let p = try reader.string(t, "presence", "policy") {
+                guard let policy = Policy(rawValue: p) else { throw Error("\(source): [presence] policy must be lock, logout or none") }
+                c.policy = policy
+            }
+            c.grace = try reader.milliseconds(t, "presence", "grace_s", 0...3_600_000, scale: 1000) ?? c.grace
+            c.rssiLockThreshold = try reader.int(t, "presence", "rssi_lock_dbm", -120...0) ?? c.rssiLockThreshold
+            c.rssiReturnThreshold = try reader.int(t, "presence", "rssi_return_dbm", -120...0) ?? c.rssiReturnThreshold
+            c.rssiSamples = try reader.int(t, "presence", "rssi_samples", 1...100) ?? c.rssiSamples
+            c.rssiInterval = try reader.milliseconds(t, "presence", "rssi_interval_ms", 100...60_000) ?? c.rssiInterval
+            c.awayAfter = try reader.milliseconds(t, "presence", "away_after_s", 0...3_600_000, scale: 1000) ?? c.awayAfter
+            guard c.rssiReturnThreshold > c.rssiLockThreshold else {
+                throw Error("\(source): [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")
+            }
+        }
+        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s"]) {
+            c.pamSocket = try reader.string(t, "pam", "socket") ?? c.pamSocket
+            if let uids = t["allowed_uids"] {
+                guard let array = uids.array else { throw Error("\(source): [pam] allowed_uids must be an array of numbers") }
+                c.pamAllowedUIDs = try array.map { v in
+                    guard let n = v.int, n >= 0 else { throw Error("\(source): [pam] allowed_uids must be an array of numbers") }
+                    return UInt32(n)
+                }
+            }
+            c.maxPromptWait = try reader.seconds(t, "pam", "max_wait_s", 5...3600) ?? c.maxPromptWait
+        }
+        return c
+    }
+
+    private struct Reader {
+        let source: String
+        func sections(_ table: TOMLTable, allowed: Set<String>) throws {
+            for key in table.keys where !allowed.contains(key) {
+                throw Error("\(source): unknown section [\(key)]")
+            }
+        }
+        func section(_ table: TOMLTable, _ name: String, keys: Set<String>) throws -> TOMLTable? {
+            guard let v = table[name] else { return nil }
+            guard let t = v.table else { throw Error("\(source): [\(name)] must be a table") }
+            for key in t.keys where !keys.contains(key) { throw Error("\(source): unknown key \(key) in [\(name)]") }
+            return t
+        }
+        func string(_ t: TOMLTable, _ s: String, _ k: String) throws -> String? {
+            guard let v = t[k] else { return nil }
+            guard let x = v.string else { throw Error("\(source): [\(s)] \(k) must be a string") }
+            return x
+        }
+        func int(_ t: TOMLTable, _ s: String, _ k: String, _ range: ClosedRange<Int>) throws -> Int? {
+            guard let v = t[k] else { return nil }
+            guard let x = v.int, range.contains(x) else { throw Error("\(source): [\(s)] \(k) must be a whole number in \(range.lowerBound)...\(range.upperBound)") }
+            return x
+        }
+        func double(_ t: TOMLTable, _ s: String, _ k: String) throws -> Double? {
+            guard let v = t[k] else { return nil }
+            if let d = v.double { return d }
+            if let i = v.int { return Double(i) }
+            throw Error("\(source): [\(s)] \(k) must be a number")
+        }
+        func seconds(_ t: TOMLTable, _ s: String, _ k: String, _ range: ClosedRange<Int>) throws -> Duration? {
+            try int(t, s, k, range).map { .seconds($0) }
+        }
+        /// A whole number of milliseconds, or of seconds with `scale: 1000` (fractions allowed).
+        func milliseconds(_ t: TOMLTable, _ s: String, _ k: String, _ range: ClosedRange<Int>, scale: Double = 1) throws -> Duration? {
+            guard let v = try double(t, s, k) else { return nil }
+            let ms = Int((v * scale).rounded())
+            guard range.contains(ms) else { throw Error("\(source): [\(s)] \(k) is out of range") }
+            return .milliseconds(ms)
+        }
+    }
+}

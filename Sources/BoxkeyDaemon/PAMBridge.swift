@@ -1,0 +1,167 @@
+import BoxkeyPAMWire
+import CBoxkeySys
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+
+/// The root-only Unix socket where `pam_boxkey.so` waits for pushes and reports outcomes, and
+/// where `boxkeyd status` and `boxkeyd phones` ask the running daemon. Every connection's peer
+/// is checked with SO_PEERCRED, and its requests with `PAMConnectionState`'s table.
+public struct PAMBridge: Service, CustomStringConvertible {
+    public var description: String { "PAMBridge(\(path))" }
+    let box: Box
+    let path: String
+    let allowedUIDs: Set<UInt32>
+    let logger: Logger
+    let readiness: Readiness?
+
+    public init(box: Box, path: String, allowedUIDs: [UInt32], logger: Logger, readiness: Readiness? = nil) {
+        self.readiness = readiness
+        self.box = box
+        self.path = path
+        self.allowedUIDs = Set(allowedUIDs + [0])
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        if !FileManager.default.fileExists(atPath: directory) {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        }
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(PAMFrameDecoder()))
+                }
+            }
+            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                }
+            }
+        // Root only: the mode keeps others out, SO_PEERCRED checks whoever is let in.
+        chmod(path, 0o600)
+        if let first = allowedUIDs.first(where: { $0 != 0 }), getuid() == 0 { chown(path, first, gid_t(bitPattern: -1)) }
+        logger.info("PAM bridge listening on \(path)")
+        readiness?.ready("PAM bridge")
+        // Graceful shutdown cancels the work below; that is a normal end, not an error.
+        do { try await cancelWhenGracefulShutdown {
+            try await server.executeThenClose { inbound in
+                try await withThrowingDiscardingTaskGroup { group in
+                    for try await connection in inbound {
+                        group.addTask { await serve(connection) }
+                    }
+                }
+            }
+        } } catch is CancellationError {}
+        unlink(path)
+    }
+
+    private func peerUID(_ channel: any Channel) async -> UInt32? {
+        guard let provider = channel as? SocketOptionProvider else { return nil }
+        let credentials: boxkey_ucred? = try? await provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get()
+        return credentials.map { UInt32($0.uid) }
+    }
+
+    private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
+        guard let uid = await peerUID(connection.channel), allowedUIDs.contains(uid) else {
+            logger.warning("PAM socket: refused a connection from a process that is not root")
+            try? await connection.executeThenClose { _, _ in }
+            return
+        }
+        try? await connection.executeThenClose { inbound, outbound in
+            let (replies, replyContinuation) = AsyncStream.makeStream(of: PAMReply.self)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // One writer, so replies go out whole and in order.
+                group.addTask {
+                    for await reply in replies {
+                        var bytes = reply.encode()
+                        try await outbound.write(ByteBuffer(bytes: bytes))
+                        // The push reply holds a password: wipe our copy.
+                        bytes.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) }
+                    }
+                }
+                var state = PAMConnectionState.fresh
+                var prompt: UInt64?
+                requests: for try await frame in inbound {
+                    let request: PAMRequest
+                    do { request = try PAMRequest.decode(Array(buffer: frame)) } catch {
+                        replyContinuation.yield(.error("malformed request: \(error)"))
+                        break
+                    }
+                    if state == .waiting, let prompt, await box.hasPush(prompt) { state = .pushed }
+                    guard let next = state.next(on: request) else {
+                        logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
+                        replyContinuation.yield(.error("request not allowed now"))
+                        break
+                    }
+                    state = next
+                    switch request {
+                    case .status:
+                        replyContinuation.yield(await box.status())
+                    case .waitForPush(let r):
+                        let id = await box.registerPrompt(r)
+                        prompt = id
+                        // The wait runs beside this read loop, so a cancel or a hang-up ends it.
+                        group.addTask { replyContinuation.yield(await box.awaitPush(id)) }
+                    case .cancel:
+                        if let prompt { await box.promptClosed(prompt) }
+                    case .reportOutcome(let accepted, let reason):
+                        if let prompt { await box.report(prompt, accepted: accepted, reason: reason) }
+                        replyContinuation.yield(.ok)
+                    case .openSession(let user, let session, let service):
+                        await box.openSession(user: user, sessionID: session, service: service)
+                        replyContinuation.yield(.ok)
+                    case .closeSession(let session):
+                        await box.closeSession(sessionID: session)
+                        replyContinuation.yield(.ok)
+                    case .listPhones:
+                        replyContinuation.yield(.text(await box.phoneList()))
+                    case .revokePhone(let fingerprint):
+                        replyContinuation.yield(await box.revoke(fingerprint: fingerprint))
+                    case .daemonStatus:
+                        replyContinuation.yield(.text(await box.statusText()))
+                    }
+                    if state == .done { break requests }
+                }
+                if let prompt { await box.promptClosed(prompt) }
+                replyContinuation.finish()
+                try await group.waitForAll()
+            }
+        }
+    }
+}
+
+extension PAMRequest {
+    /// For logs: the request's kind, never its fields (a push reply holds a password).
+    var name: String {
+        switch self {
+        case .status: "status"
+        case .waitForPush: "waitForPush"
+        case .cancel: "cancel"
+        case .reportOutcome: "reportOutcome"
+        case .openSession: "openSession"
+        case .closeSession: "closeSession"
+        case .listPhones: "listPhones"
+        case .revokePhone: "revokePhone"
+        case .daemonStatus: "daemonStatus"
+        }
+    }
+}
+
+/// Splits the byte stream into frames: a 2-byte big-endian length, then that many bytes.
+struct PAMFrameDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self) else { return .needMoreData }
+        guard Int(length) <= PAMWire.maxFrameLength else { throw PAMWire.DecodeError.tooLong(Int(length)) }
+        guard buffer.readableBytes >= 2 + Int(length) else { return .needMoreData }
+        buffer.moveReaderIndex(forwardBy: 2)
+        context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: Int(length))!))
+        return .continue
+    }
+}

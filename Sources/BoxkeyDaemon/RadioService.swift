@@ -1,0 +1,82 @@
+import BoxkeyCore
+import BoxkeyRadio
+import Logging
+import ServiceLifecycle
+
+/// Publishes the service and the advertisement, feeds radio events to the box, performs the
+/// box's radio actions in order, rotates the advertisement nonce and runs the timers.
+public struct RadioService: Service, CustomStringConvertible {
+    public var description: String { "RadioService" }
+    let box: Box
+    let peripheral: any PeripheralRadio
+    let config: DaemonConfig
+    let clock: any RadioClock
+    let logger: Logger
+    let readiness: Readiness?
+
+    public init(box: Box, peripheral: any PeripheralRadio, config: DaemonConfig, clock: any RadioClock, logger: Logger, readiness: Readiness? = nil) {
+        self.readiness = readiness
+        self.box = box
+        self.peripheral = peripheral
+        self.config = config
+        self.clock = clock
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        try await peripheral.publish(await box.gattService)
+        try await peripheral.advertise(await box.advertisingData)
+        readiness?.ready("radio")
+        logger.info("advertising box \(box.identity.boxID) (key \(box.identity.fingerprint)) on \(box.radioDescription)")
+        // Graceful shutdown cancels the work below; that is a normal end, not an error.
+        do { try await cancelWhenGracefulShutdown {
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask { for await event in peripheral.events { await box.handle(event) } }
+                group.addTask { await performActions() }
+                group.addTask { try await rotateNonces() }
+                group.addTask { await runTimers() }
+            }
+        } } catch is CancellationError {}
+        await peripheral.stopAdvertising()
+    }
+
+    private func performActions() async {
+        for await action in box.outbox {
+            switch action {
+            case .notify(let id, let fragments):
+                do {
+                    for fragment in fragments {
+                        try await peripheral.notify(id, characteristic: BoxkeyProtocol.responseCharacteristicUUID, value: fragment)
+                    }
+                } catch {
+                    logger.info("cannot notify \(id.address): \(error)")
+                    await peripheral.disconnect(id)
+                }
+            case .disconnect(let id):
+                await peripheral.disconnect(id)
+            case .advertise(let data):
+                do { try await peripheral.advertise(data) } catch { logger.error("advertising failed: \(error)") }
+            }
+        }
+    }
+
+    private func rotateNonces() async throws {
+        while true {
+            try await clock.sleep(for: config.nonceRotation)
+            await box.rotateNonce()
+        }
+    }
+
+    /// Sleeps until the box's next deadline (or until woken for a new one): an idle box has
+    /// no timer of its own but the nonce rotation.
+    private func runTimers() async {
+        while !Task.isCancelled {
+            let due = await box.tick()
+            for id in due {
+                if let rssi = try? await peripheral.rssi(of: id) { await box.rssiSample(id, rssi, now: clock.now) }
+            }
+            let deadline = await box.nextDeadline().map { max($0, clock.now + .milliseconds(5)) }
+            await box.doorbell.wait(until: deadline, clock: clock)
+        }
+    }
+}

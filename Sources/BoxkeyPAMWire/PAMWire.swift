@@ -1,0 +1,252 @@
+/// The protocol on the box's root-only Unix socket between `pam_boxkey.so` (and `boxkeyd`'s
+/// admin commands) and the daemon. Pure and Foundation-free: the PAM module links it
+/// statically.
+///
+/// Frame: `length (2, BE, of what follows) | version (1) | type (1) | body`. Strings are
+/// `length (1) | UTF-8`; the password is `length (2, BE) | bytes`. Decoders are exact.
+public enum PAMWire {
+    public static let version: UInt8 = 1
+    public static let maxFrameLength = 2048
+    /// Where boxkeyd listens and pam_boxkey connects by default.
+    public static let defaultSocketPath = "/run/boxkey/pam.sock"
+
+    public enum DecodeError: Error, Equatable, Sendable {
+        case truncated
+        case trailingBytes
+        case unsupportedVersion(UInt8)
+        case unknownType(UInt8)
+        case tooLong(Int)
+        case invalidText
+        case invalidValue(UInt8)
+    }
+}
+
+/// Module (or admin tool) to daemon.
+public enum PAMRequest: Equatable, Sendable {
+    /// What to show at the prompt: answered by `.info`.
+    case status
+    /// Wait for a phone's push for up to `timeoutMilliseconds`. Allowed once per connection.
+    case waitForPush(WaitRequest)
+    /// The module gave up waiting (its own timeout or the user chose the password prompt).
+    case cancel
+    /// The final outcome of the PAM stack for the push this connection received.
+    case reportOutcome(accepted: Bool, reason: String)
+    /// `pam_sm_open_session`: the logind session the user now has.
+    case openSession(user: String, sessionID: String, service: String)
+    case closeSession(sessionID: String)
+    /// Admin: list paired phones, revoke one by fingerprint, daemon status.
+    case listPhones
+    case revokePhone(fingerprint: String)
+    case daemonStatus
+
+    public struct WaitRequest: Equatable, Sendable {
+        public var service: String
+        public var tty: String
+        public var display: String
+        /// Empty when any user may log in (a greeter); the locked user for a screen locker.
+        public var expectedUser: String
+        public var timeoutMilliseconds: UInt32
+        public init(service: String, tty: String, display: String, expectedUser: String, timeoutMilliseconds: UInt32) {
+            self.service = service
+            self.tty = tty
+            self.display = display
+            self.expectedUser = expectedUser
+            self.timeoutMilliseconds = timeoutMilliseconds
+        }
+    }
+
+    enum Kind: UInt8 {
+        case status = 0x01, waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04
+        case openSession = 0x05, closeSession = 0x06
+        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12
+    }
+
+    public func encode() -> [UInt8] {
+        var w = WireWriter()
+        switch self {
+        case .status: w.kind(Kind.status.rawValue)
+        case .waitForPush(let r):
+            w.kind(Kind.waitForPush.rawValue)
+            w.text(r.service); w.text(r.tty); w.text(r.display); w.text(r.expectedUser); w.u32(r.timeoutMilliseconds)
+        case .cancel: w.kind(Kind.cancel.rawValue)
+        case .reportOutcome(let accepted, let reason):
+            w.kind(Kind.reportOutcome.rawValue); w.u8(accepted ? 1 : 0); w.text(reason)
+        case .openSession(let user, let session, let service):
+            w.kind(Kind.openSession.rawValue); w.text(user); w.text(session); w.text(service)
+        case .closeSession(let session): w.kind(Kind.closeSession.rawValue); w.text(session)
+        case .listPhones: w.kind(Kind.listPhones.rawValue)
+        case .revokePhone(let fp): w.kind(Kind.revokePhone.rawValue); w.text(fp)
+        case .daemonStatus: w.kind(Kind.daemonStatus.rawValue)
+        }
+        return w.frame()
+    }
+
+    /// Decodes one frame body (without the 2-byte length).
+    public static func decode(_ body: [UInt8]) throws(PAMWire.DecodeError) -> PAMRequest {
+        var r = try WireReader(body)
+        guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
+        let request: PAMRequest
+        switch kind {
+        case .status: request = .status
+        case .waitForPush:
+            request = .waitForPush(WaitRequest(service: try r.text(), tty: try r.text(), display: try r.text(),
+                                               expectedUser: try r.text(), timeoutMilliseconds: try r.u32()))
+        case .cancel: request = .cancel
+        case .reportOutcome:
+            let a = try r.u8()
+            guard a <= 1 else { throw .invalidValue(a) }
+            request = .reportOutcome(accepted: a == 1, reason: try r.text())
+        case .openSession: request = .openSession(user: try r.text(), sessionID: try r.text(), service: try r.text())
+        case .closeSession: request = .closeSession(sessionID: try r.text())
+        case .listPhones: request = .listPhones
+        case .revokePhone: request = .revokePhone(fingerprint: try r.text())
+        case .daemonStatus: request = .daemonStatus
+        }
+        try r.end()
+        return request
+    }
+}
+
+/// Daemon to module.
+public enum PAMReply: Equatable, Sendable {
+    /// The box ID and key fingerprint to show at the prompt.
+    case info(boxID: String, fingerprint: String)
+    /// A phone pushed credentials. The password bytes are the caller's to wipe.
+    case push(user: String, password: [UInt8])
+    /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
+    case noPush(NoPushReason)
+    case ok
+    case error(String)
+    /// Admin output, one line per entry.
+    case text(String)
+
+    public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
+
+    enum Kind: UInt8 { case info = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86 }
+
+    public func encode() -> [UInt8] {
+        var w = WireWriter()
+        switch self {
+        case .info(let id, let fp): w.kind(Kind.info.rawValue); w.text(id); w.text(fp)
+        case .push(let user, let password): w.kind(Kind.push.rawValue); w.text(user); w.secret(password)
+        case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
+        case .ok: w.kind(Kind.ok.rawValue)
+        case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
+        case .text(let t): w.kind(Kind.text.rawValue); w.longText(t)
+        }
+        return w.frame()
+    }
+
+    public static func decode(_ body: [UInt8]) throws(PAMWire.DecodeError) -> PAMReply {
+        var r = try WireReader(body)
+        guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
+        let reply: PAMReply
+        switch kind {
+        case .info: reply = .info(boxID: try r.text(), fingerprint: try r.text())
+        case .push:
+            let user = try r.text()
+            let password = try r.secret()
+            guard !user.isEmpty, !password.isEmpty, !password.contains(0) else { throw .invalidText }
+            reply = .push(user: user, password: password)
+        case .noPush:
+            let v = try r.u8()
+            guard let reason = NoPushReason(rawValue: v) else { throw .invalidValue(v) }
+            reply = .noPush(reason)
+        case .ok: reply = .ok
+        case .error: reply = .error(try r.text())
+        case .text: reply = .text(try r.longText())
+        }
+        try r.end()
+        return reply
+    }
+}
+
+struct WireWriter {
+    var bytes: [UInt8] = [PAMWire.version]
+    mutating func kind(_ k: UInt8) { bytes.append(k) }
+    mutating func u8(_ v: UInt8) { bytes.append(v) }
+    mutating func u32(_ v: UInt32) { for s in stride(from: 24, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: v >> UInt32(s))) } }
+    mutating func text(_ s: String) {
+        let u = Array(s.utf8.prefix(255))
+        bytes.append(UInt8(u.count)); bytes += u
+    }
+    mutating func longText(_ s: String) {
+        let u = Array(s.utf8.prefix(PAMWire.maxFrameLength - 8))
+        bytes += [UInt8(u.count >> 8), UInt8(u.count & 0xff)]; bytes += u
+    }
+    mutating func secret(_ s: [UInt8]) {
+        bytes += [UInt8(s.count >> 8), UInt8(s.count & 0xff)]; bytes += s
+    }
+    /// The bytes with the 2-byte length in front.
+    func frame() -> [UInt8] { [UInt8(bytes.count >> 8), UInt8(bytes.count & 0xff)] + bytes }
+}
+
+struct WireReader {
+    let bytes: [UInt8]
+    var offset = 2
+    let kind: UInt8
+
+    init(_ body: [UInt8]) throws(PAMWire.DecodeError) {
+        guard body.count <= PAMWire.maxFrameLength else { throw .tooLong(body.count) }
+        guard body.count >= 2 else { throw .truncated }
+        guard body[0] == PAMWire.version else { throw .unsupportedVersion(body[0]) }
+        bytes = body
+        kind = body[1]
+    }
+
+    mutating func u8() throws(PAMWire.DecodeError) -> UInt8 {
+        guard offset < bytes.count else { throw .truncated }
+        defer { offset += 1 }
+        return bytes[offset]
+    }
+    mutating func u32() throws(PAMWire.DecodeError) -> UInt32 {
+        var v: UInt32 = 0
+        for _ in 0..<4 { v = v << 8 | UInt32(try u8()) }
+        return v
+    }
+    mutating func take(_ n: Int) throws(PAMWire.DecodeError) -> [UInt8] {
+        guard n <= bytes.count - offset else { throw .truncated }
+        defer { offset += n }
+        return Array(bytes[offset..<offset + n])
+    }
+    mutating func text() throws(PAMWire.DecodeError) -> String {
+        let raw = try take(Int(try u8()))
+        guard let s = String(validating: raw, as: UTF8.self), !s.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) else { throw .invalidText }
+        return s
+    }
+    mutating func longText() throws(PAMWire.DecodeError) -> String {
+        let n = Int(try u8()) << 8 | Int(try u8())
+        guard let s = String(validating: try take(n), as: UTF8.self) else { throw .invalidText }
+        return s
+    }
+    mutating func secret() throws(PAMWire.DecodeError) -> [UInt8] {
+        let n = Int(try u8()) << 8 | Int(try u8())
+        guard n <= 512 else { throw .tooLong(n) }
+        return try take(n)
+    }
+    func end() throws(PAMWire.DecodeError) {
+        guard offset == bytes.count else { throw .trailingBytes }
+    }
+}
+
+/// The daemon's per-connection rules (after OpenSSH's monitor): which request is legal in
+/// which state. Anything else closes the connection.
+public enum PAMConnectionState: Equatable, Sendable {
+    case fresh
+    case waiting
+    case pushed
+    case done
+
+    public func next(on request: PAMRequest) -> PAMConnectionState? {
+        switch (self, request) {
+        case (.fresh, .status): return .fresh
+        case (.fresh, .waitForPush): return .waiting
+        case (.waiting, .cancel): return .done
+        case (.pushed, .reportOutcome): return .done
+        case (.pushed, .cancel): return .done
+        case (.fresh, .openSession), (.fresh, .closeSession): return .done
+        case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone): return .fresh
+        default: return nil
+        }
+    }
+}

@@ -1,0 +1,184 @@
+import BoxkeyCore
+import BoxkeyRadio
+import Foundation
+
+/// A box heard on the air: its advertisement and where it is.
+public struct HeardBox: Sendable, Equatable {
+    public var address: DeviceAddress
+    public var advertisement: Advertisement
+    public var rssi: Int
+}
+
+extension ScanResult {
+    /// The Boxkey advertisement in this result, if it carries a valid one.
+    public var boxAdvertisement: Advertisement? {
+        advertisement.manufacturerData[BoxkeyProtocol.companyID].flatMap { try? Advertisement.decode($0) }
+    }
+}
+
+/// Finds a box by ID: scans (stopping as soon as it is heard) and, when the phone has pinned a
+/// key, prefers the advertiser whose key hint matches it (two boxes may share an ID).
+public func findBox(_ id: BoxID, pinned: PublicKey?, radio: any CentralRadio, timeout: Duration) async throws -> HeardBox? {
+    let results = radio.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID]))
+    return try await withThrowingTaskGroup(of: HeardBox?.self) { group in
+        group.addTask {
+            for try await result in results {
+                guard let advert = result.boxAdvertisement, advert.boxID == id else { continue }
+                if let pinned, advert.keyHint != pinned.advertisementHint { continue }
+                return HeardBox(address: result.address, advertisement: advert, rssi: result.rssi)
+            }
+            return nil
+        }
+        group.addTask { try await Task.sleep(for: timeout); return nil }
+        let first = try await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
+
+/// One connection from the phone to a box: GATT plumbing, framing and the Noise channel.
+public final class BoxLink: @unchecked Sendable {
+    public enum Failure: Error, CustomStringConvertible, Equatable {
+        case radio(String)
+        case refused(Refusal)
+        case keyChanged
+        case protocolError(String)
+        case linkLost(DisconnectReason)
+        case timedOut(String)
+
+        public var description: String {
+            switch self {
+            case .radio(let s): "radio: \(s)"
+            case .refused(let r): "the box refused: \(r.code)"
+            case .keyChanged: "the box did not prove it holds the pinned key"
+            case .protocolError(let s): "protocol error: \(s)"
+            case .linkLost(let r): "the link to the box was lost (\(r))"
+            case .timedOut(let s): "timed out \(s)"
+            }
+        }
+    }
+
+    let link: any CentralLink
+    var connection: PhoneConnection
+    var reassembler = FrameReassembler()
+    let inbox = Inbox<LinkEvent>()
+    let reader: Task<Void, Never>
+    let clock = MonotonicClock()
+    let mtu: Int
+
+    /// Connects, subscribes and runs the handshake.
+    public static func open(to box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity, radio: any CentralRadio,
+                            timeout: Duration = .seconds(10)) async throws -> BoxLink {
+        let link: any CentralLink
+        do {
+            link = try await radio.connect(to: box.address, timeout: timeout)
+            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+        } catch {
+            throw Failure.radio("\(error)")
+        }
+        let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement),
+                              mtu: await link.mtu)
+        do {
+            let first = try session.connection.start()
+            try await session.write(first)
+            guard try await session.next(timeout: timeout) == .channelOpen else { throw Failure.protocolError("no channel") }
+        } catch {
+            await link.disconnect()
+            throw error
+        }
+        return session
+    }
+
+    private init(link: any CentralLink, connection: PhoneConnection, mtu: Int) {
+        self.link = link
+        self.connection = connection
+        self.mtu = mtu
+        let inbox = inbox
+        let events = link.events
+        // Link events are read by this one task for the link's life, so a caller's timeout
+        // never cancels the stream itself.
+        reader = Task {
+            for await e in events { inbox.put(e) }
+            inbox.close()
+        }
+    }
+
+    deinit { reader.cancel() }
+
+    /// Reads the box's Info characteristic (for pairing, before any key is pinned).
+    public static func readInfo(of box: HeardBox, radio: any CentralRadio, timeout: Duration = .seconds(10)) async throws -> BoxInfo {
+        do {
+            let link = try await radio.connect(to: box.address, timeout: timeout)
+            defer { Task { await link.disconnect() } }
+            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            return try BoxInfo.decode(try await link.read(BoxkeyProtocol.infoCharacteristicUUID))
+        } catch let e as BoxInfo.DecodeError {
+            throw Failure.protocolError("bad box info: \(e)")
+        } catch {
+            throw Failure.radio("\(error)")
+        }
+    }
+
+    public func send(_ message: AppMessage) async throws {
+        let envelope: [UInt8]
+        do { envelope = try connection.send(message) } catch { throw Failure.protocolError("\(error)") }
+        try await write(envelope)
+    }
+
+    /// The next event from the box, or a failure (refusal, key mismatch, link loss, timeout).
+    public func next(timeout: Duration) async throws -> PhoneConnection.Event {
+        let deadline = clock.now + timeout
+        while true {
+            let remaining = deadline - clock.now
+            guard remaining > .zero else { throw Failure.timedOut("waiting for the box") }
+            let event = try await nextLinkEvent(within: remaining)
+            switch event {
+            case nil:
+                throw Failure.timedOut("waiting for the box")
+            case .disconnected(let reason)?:
+                connection.close()
+                throw Failure.linkLost(reason)
+            case .notification(let c, let value)? where c == BoxkeyProtocol.responseCharacteristicUUID:
+                let message: [UInt8]?
+                do { message = try reassembler.receive(value, mtu: mtu, now: clock.now) } catch {
+                    throw Failure.protocolError("bad fragment: \(error)")
+                }
+                guard let message else { continue }
+                do { return try connection.receive(message) } catch {
+                    switch error {
+                    case .refused(let r): throw Failure.refused(r)
+                    case .boxAuthenticationFailed: throw Failure.keyChanged
+                    default: throw Failure.protocolError("\(error)")
+                    }
+                }
+            case .notification?:
+                continue
+            }
+        }
+    }
+
+    private func nextLinkEvent(within timeout: Duration) async throws -> LinkEvent? {
+        await inbox.take(within: timeout)
+    }
+
+    /// Fragments are Write Commands, the last one a Write Request: the phone learns it arrived.
+    private func write(_ envelope: [UInt8]) async throws {
+        do {
+            let fragments = try Framing.fragment(envelope, mtu: mtu)
+            for (i, f) in fragments.enumerated() {
+                try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: i == fragments.count - 1)
+            }
+        } catch let e as RadioError {
+            if case .disconnected(let r) = e { throw Failure.linkLost(r) }
+            throw Failure.radio("\(e)")
+        }
+    }
+
+    public func rssi() async -> Int? { try? await link.rssi() }
+
+    public func close() async {
+        connection.close()
+        await link.disconnect()
+    }
+}

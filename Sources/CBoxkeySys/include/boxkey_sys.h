@@ -1,0 +1,23 @@
+#ifndef BOXKEY_SYS_H
+#define BOXKEY_SYS_H
+/* The few Linux calls Swift's Glibc module does not expose without _GNU_SOURCE. */
+#include <sys/types.h>
+
+/* Same layout as struct ucred (SO_PEERCRED). */
+struct boxkey_ucred {
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+};
+
+/* Makes the process undumpable (no core files, no ptrace by the same user) and sets the core
+   size limit to 0. Returns 0 on success. */
+int boxkey_disable_core_dumps(void);
+
+/* The uid of the peer of a connected Unix socket, or -1. */
+long long boxkey_peer_uid(int fd);
+
+/* SOL_SOCKET and SO_PEERCRED, for NIO's unsafeGetSocketOption. */
+int boxkey_sol_socket(void);
+int boxkey_so_peercred(void);
+#endif

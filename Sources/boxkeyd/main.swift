@@ -1,0 +1,130 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyDaemon
+import BoxkeyPAMWire
+import Foundation
+import Logging
+
+/// boxkeyd: the Boxkey box daemon.
+@main
+struct Boxkeyd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "boxkeyd",
+        abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
+        discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; every key is documented in docs/operations.md). Admin commands talk to the running daemon over its root-only socket.",
+        subcommands: [Run.self, Status.self, Phones.self],
+        defaultSubcommand: Run.self)
+}
+
+struct DaemonOptions: ParsableArguments {
+    @Option(name: .long, help: "Configuration file.")
+    var config = "/etc/boxkey/boxkeyd.conf"
+
+    @Option(name: .long, help: "Override [pam] socket: the daemon's socket.")
+    var socket: String?
+
+    func load() throws -> DaemonConfig {
+        var c = try DaemonConfig.load(path: config)
+        if let socket { c.pamSocket = socket }
+        return c
+    }
+}
+
+extension Boxkeyd {
+    struct Run: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Run the daemon (the default; systemd starts it so).")
+
+        @OptionGroup var options: DaemonOptions
+
+        @Flag(name: .long, help: "Check the configuration file and exit: 0 if it is valid.")
+        var checkConfig = false
+
+        @Option(name: .long, help: "Radio: auto, simulated or bluez (overrides [radio] backend).")
+        var radio: String?
+
+        @Option(name: .long, help: "State directory (overrides [box] state_directory).")
+        var stateDirectory: String?
+
+        @Option(name: .long, help: "Box ID, four digits (overrides [box] id).")
+        var boxID: String?
+
+        @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
+        var logLevel = "info"
+
+        func run() async throws {
+            var config: DaemonConfig
+            do { config = try options.load() } catch {
+                FileHandle.standardError.write("boxkeyd: \(error)\n".data(using: .utf8)!)
+                throw ExitCode(78)   // EX_CONFIG
+            }
+            if let radio {
+                guard let r = DaemonConfig.RadioBackend(rawValue: radio) else { throw ValidationError("--radio must be auto, simulated or bluez") }
+                config.radio = r
+            }
+            if let stateDirectory { config.stateDirectory = stateDirectory }
+            if let boxID {
+                guard let id = BoxID(boxID) else { throw ValidationError("--box-id must be four digits") }
+                config.boxID = id
+            }
+            if checkConfig {
+                print("\(options.config): OK")
+                return
+            }
+            let level = Logger.Level(rawValue: logLevel) ?? .info
+            LoggingSystem.bootstrap { label in
+                var handler = StreamLogHandler.standardError(label: label)
+                handler.logLevel = level
+                return handler
+            }
+            let logger = Logger(label: "boxkeyd")
+            do {
+                try await Daemon.run(config: config, logger: logger)
+            } catch let error as Daemon.StartError {
+                logger.critical("cannot start: \(error.description)")
+                throw ExitCode(1)
+            }
+        }
+    }
+
+    struct Status: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show the box ID, key fingerprint, radio, paired phones and live sessions.")
+        @OptionGroup var options: DaemonOptions
+        func run() throws { try ask(.daemonStatus, options) }
+    }
+
+    struct Phones: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List or revoke the phones that have logged in to this box.",
+                                                        subcommands: [List.self, Revoke.self], defaultSubcommand: List.self)
+        struct List: ParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "List phones: fingerprint, user, name, first and last login, revocation.")
+            @OptionGroup var options: DaemonOptions
+            func run() throws { try ask(.listPhones, options) }
+        }
+        struct Revoke: ParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Revoke a phone: it is refused from now on and its live links are dropped.")
+            @OptionGroup var options: DaemonOptions
+            @Argument(help: "The phone's fingerprint, or a unique prefix of it.")
+            var fingerprint: String
+            func run() throws { try ask(.revokePhone(fingerprint: fingerprint), options) }
+        }
+    }
+}
+
+/// One request to the running daemon; prints its answer.
+func ask(_ request: PAMRequest, _ options: DaemonOptions) throws {
+    let config = try options.load()
+    do {
+        let client = try PAMSocketClient(path: config.pamSocket)
+        try client.send(request)
+        switch try client.receive(timeoutMilliseconds: 5000) {
+        case .text(let t): print(t)
+        case .error(let e):
+            FileHandle.standardError.write("boxkeyd: \(e)\n".data(using: .utf8)!)
+            throw ExitCode(1)
+        default: throw ExitCode(1)
+        }
+    } catch let e as PAMSocketClient.Error {
+        FileHandle.standardError.write("boxkeyd: the daemon is not answering on \(config.pamSocket) (\(e)); is it running, and are you root?\n".data(using: .utf8)!)
+        throw ExitCode(69)   // EX_UNAVAILABLE
+    }
+}

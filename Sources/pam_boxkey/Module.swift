@@ -1,0 +1,178 @@
+import BoxkeyPAMWire
+import CPAM
+import Glibc
+
+// pam_boxkey: turns a phone's push into a normal PAM authentication. The module waits (with
+// a bound) for boxkeyd to deliver a pushed user and password, sets PAM_USER and PAM_AUTHTOK,
+// and lets the next module (pam_unix use_first_pass, pam_sss, ...) verify them; the stack's
+// outcome goes back to the daemon, which tells the phone. Everything here is synchronous:
+// no threads, no Dispatch, no Swift concurrency inside a host process's login stack.
+
+private let pendingKey = "pam_boxkey_pending"
+
+/// A push that is being verified by the rest of the stack; reported to the daemon once.
+final class PendingLogin {
+    let client: PAMSocketClient
+    let debug: Bool
+    var reported = false
+    var answer: PromptAnswer?
+
+    init(client: PAMSocketClient, debug: Bool) {
+        self.client = client
+        self.debug = debug
+    }
+
+    func report(accepted: Bool, reason: String, pamh: PAMHandle?) {
+        guard !reported else { return }
+        reported = true
+        do {
+            try client.send(.reportOutcome(accepted: accepted, reason: reason))
+            _ = try client.receive(timeoutMilliseconds: 1000)
+        } catch {
+            pamh?.log(LOG_WARNING, "could not report the outcome to boxkeyd: \(error)")
+        }
+        client.close()
+        answer?.wipe()
+    }
+}
+
+@_cdecl("pam_sm_authenticate")
+public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: Int32,
+                                _ argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) -> Int32 {
+    guard let raw else { return PAM_SYSTEM_ERR }
+    let pamh = PAMHandle(raw: raw)
+    let options = ModuleOptions(argc: argc, argv: argv)
+    let unavailable = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
+    for arg in options.unknown { pamh.log(LOG_ERR, "unknown option \(arg)") }
+
+    // A phone near the box cannot vouch for someone logging in over the network.
+    if let host = pamh.item(PAM_RHOST), host != "localhost" {
+        if options.debug { pamh.log(LOG_DEBUG, "remote session from \(host): not offering phone login") }
+        return unavailable
+    }
+
+    let client: PAMSocketClient
+    do {
+        client = try PAMSocketClient(path: options.socket)
+    } catch {
+        if options.debug { pamh.log(LOG_DEBUG, "boxkeyd is not running (\(options.socket)): \(error)") }
+        return unavailable
+    }
+
+    do {
+        try client.send(.status)
+        if case .info(let boxID, let fingerprint) = try client.receive(timeoutMilliseconds: 1000) {
+            pamh.info("Box \(boxID) — log in from your phone (key \(fingerprint.prefix(9))…), or wait for the password prompt")
+        }
+        let expected = pamh.item(PAM_USER) ?? ""
+        try client.send(.waitForPush(.init(service: pamh.item(PAM_SERVICE) ?? "", tty: pamh.item(PAM_TTY) ?? "",
+                                           display: pamh.item(PAM_XDISPLAY) ?? "", expectedUser: expected,
+                                           timeoutMilliseconds: UInt32(options.timeoutSeconds * 1000))))
+        // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
+        let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        guard case .push(let user, var password) = reply else {
+            if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
+            try? client.send(.cancel)
+            return unavailable
+        }
+        defer { for i in password.indices { password[i] = 0 } }
+        if !expected.isEmpty, expected != user {
+            pamh.log(LOG_NOTICE, "refusing a push for \(user): this prompt is for \(expected)")
+            try? client.send(.reportOutcome(accepted: false, reason: "this prompt is for another user"))
+            return unavailable
+        }
+        guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS, pamh.setItem(PAM_AUTHTOK, password) == PAM_SUCCESS else {
+            try? client.send(.reportOutcome(accepted: false, reason: "the login stack failed"))
+            return PAM_SYSTEM_ERR
+        }
+        let pending = PendingLogin(client: client, debug: options.debug)
+        if options.answerPrompt { pending.answer = PromptAnswer.install(on: pamh, password: password) }
+        let stored = Unmanaged.passRetained(pending).toOpaque()
+        guard pam_set_data(raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
+            Unmanaged<PendingLogin>.fromOpaque(stored).release()
+            return PAM_SYSTEM_ERR
+        }
+        pamh.log(LOG_INFO, "credentials for \(user) received from a phone")
+        return PAM_SUCCESS
+    } catch {
+        if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
+        return unavailable
+    }
+}
+
+/// At pam_end (or when a retry replaces the data): reports the stack's final status if the
+/// module has not reported it yet, restores the conversation, and frees the context.
+private let pendingCleanup: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?, Int32) -> Void = { raw, data, status in
+    guard let data else { return }
+    let pending = Unmanaged<PendingLogin>.fromOpaque(data).takeRetainedValue()
+    let handle = raw.map { PAMHandle(raw: $0) }
+    if (status & PAM_DATA_REPLACE) != 0 {
+        pending.report(accepted: false, reason: "the password was not accepted", pamh: handle)
+    } else {
+        let code = status & ~PAM_DATA_SILENT
+        pending.report(accepted: code == PAM_SUCCESS, reason: code == PAM_SUCCESS ? "" : String(cString: pam_strerror(raw, code)), pamh: handle)
+    }
+    if let handle { pending.answer?.uninstall(from: handle) }
+}
+
+/// Reports success as soon as the application goes on to establish credentials (login,
+/// greeters, screen lockers all do this only after authentication and account checks passed).
+private func reportAccepted(_ raw: OpaquePointer) {
+    var data: UnsafeRawPointer?
+    guard pam_get_data(raw, pendingKey, &data) == PAM_SUCCESS, let data else { return }
+    Unmanaged<PendingLogin>.fromOpaque(data).takeUnretainedValue().report(accepted: true, reason: "", pamh: PAMHandle(raw: raw))
+}
+
+@_cdecl("pam_sm_setcred")
+public func pam_sm_setcred(_ raw: OpaquePointer?, _ flags: Int32, _ argc: Int32,
+                           _ argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) -> Int32 {
+    guard let raw else { return PAM_SYSTEM_ERR }
+    if UInt32(bitPattern: flags) & UInt32(bitPattern: Int32(PAM_ESTABLISH_CRED | PAM_REINITIALIZE_CRED | PAM_REFRESH_CRED)) != 0 { reportAccepted(raw) }
+    return PAM_SUCCESS
+}
+
+@_cdecl("pam_sm_acct_mgmt")
+public func pam_sm_acct_mgmt(_ raw: OpaquePointer?, _ flags: Int32, _ argc: Int32,
+                             _ argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) -> Int32 {
+    // Account policy belongs to the site's modules; this module has nothing to add.
+    PAM_IGNORE
+}
+
+/// Tells the daemon which logind session the user now has, so walk-away acts on it.
+@_cdecl("pam_sm_open_session")
+public func pam_sm_open_session(_ raw: OpaquePointer?, _ flags: Int32, _ argc: Int32,
+                                _ argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) -> Int32 {
+    guard let raw else { return PAM_SYSTEM_ERR }
+    reportAccepted(raw)
+    let pamh = PAMHandle(raw: raw)
+    let options = ModuleOptions(argc: argc, argv: argv)
+    guard let session = pamh.env("XDG_SESSION_ID") ?? getenv("XDG_SESSION_ID").map({ String(cString: $0) }), let user = pamh.item(PAM_USER) else {
+        if options.debug { pamh.log(LOG_DEBUG, "no XDG_SESSION_ID (is pam_systemd before pam_boxkey in the session stack?)") }
+        return PAM_SUCCESS
+    }
+    send(.openSession(user: user, sessionID: session, service: pamh.item(PAM_SERVICE) ?? ""), options: options, pamh: pamh)
+    return PAM_SUCCESS
+}
+
+@_cdecl("pam_sm_close_session")
+public func pam_sm_close_session(_ raw: OpaquePointer?, _ flags: Int32, _ argc: Int32,
+                                 _ argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) -> Int32 {
+    guard let raw else { return PAM_SYSTEM_ERR }
+    let pamh = PAMHandle(raw: raw)
+    let options = ModuleOptions(argc: argc, argv: argv)
+    if let session = pamh.env("XDG_SESSION_ID") {
+        send(.closeSession(sessionID: session), options: options, pamh: pamh)
+    }
+    return PAM_SUCCESS
+}
+
+/// One request and its acknowledgement; a session never fails because the daemon is away.
+private func send(_ request: PAMRequest, options: ModuleOptions, pamh: PAMHandle) {
+    do {
+        let client = try PAMSocketClient(path: options.socket)
+        try client.send(request)
+        _ = try client.receive(timeoutMilliseconds: 1000)
+    } catch {
+        if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
+    }
+}

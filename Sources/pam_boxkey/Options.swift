@@ -1,0 +1,37 @@
+import BoxkeyPAMWire
+
+/// Module arguments from the PAM configuration line (pam_boxkey(8)).
+struct ModuleOptions {
+    /// Seconds to wait for a push: default 30 (as pam_fprintd), at least 5.
+    var timeoutSeconds = 30
+    var socket = PAMWire.defaultSocketPath
+    var debug = false
+    /// Return PAM_IGNORE instead of PAM_AUTHINFO_UNAVAIL when no push is used.
+    var ignoreUnavailable = false
+    /// Also answer the next module's first hidden prompt with the pushed password, for
+    /// verifiers that always ask and have no use_first_pass (pam_matrix).
+    var answerPrompt = false
+    var unknown: [String] = []
+
+    static let minimumTimeout = 5
+
+    init(argc: Int32, argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
+        for i in 0..<Int(argc) {
+            guard let raw = argv?[i] else { continue }
+            let arg = String(cString: raw)
+            if arg.hasPrefix("timeout="), let n = Int(arg.dropFirst(8)) {
+                timeoutSeconds = max(n, Self.minimumTimeout)
+            } else if arg.hasPrefix("socket="), arg.count > 7 {
+                socket = String(arg.dropFirst(7))
+            } else if arg == "debug" {
+                debug = true
+            } else if arg == "ignore_unavailable" {
+                ignoreUnavailable = true
+            } else if arg == "answer_prompt" {
+                answerPrompt = true
+            } else {
+                unknown.append(arg)
+            }
+        }
+    }
+}

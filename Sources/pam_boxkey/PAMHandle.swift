@@ -1,0 +1,51 @@
+import CPAM
+import Glibc
+
+/// The few PAM calls the module makes, over the C API.
+struct PAMHandle {
+    let raw: OpaquePointer
+
+    func item(_ type: Int32) -> String? {
+        var value: UnsafeRawPointer?
+        guard pam_get_item(raw, type, &value) == PAM_SUCCESS, let value else { return nil }
+        let s = String(cString: value.assumingMemoryBound(to: CChar.self))
+        return s.isEmpty ? nil : s
+    }
+
+    @discardableResult
+    func setItem(_ type: Int32, _ bytes: [UInt8]) -> Int32 {
+        var copy = bytes + [0]
+        defer { for i in copy.indices { copy[i] = 0 } }
+        return copy.withUnsafeBytes { pam_set_item(raw, type, $0.baseAddress) }
+    }
+
+    func env(_ name: String) -> String? {
+        guard let v = pam_getenv(raw, name) else { return nil }
+        let s = String(cString: v)
+        return s.isEmpty ? nil : s
+    }
+
+    func log(_ priority: Int32, _ message: String) {
+        boxkey_pam_log(raw, priority, "pam_boxkey: " + message)
+    }
+
+    /// Shows a line to the user (PAM_TEXT_INFO) through the application's conversation.
+    func info(_ text: String) {
+        var conv: UnsafeRawPointer?
+        guard pam_get_item(raw, PAM_CONV, &conv) == PAM_SUCCESS, let conv else { return }
+        let c = conv.assumingMemoryBound(to: pam_conv.self).pointee
+        guard let fn = c.conv else { return }
+        text.withCString { cstring in
+            var message = pam_message(msg_style: PAM_TEXT_INFO, msg: cstring)
+            withUnsafePointer(to: &message) { m in
+                var list: UnsafePointer<pam_message>? = m
+                var response: UnsafeMutablePointer<pam_response>?
+                _ = fn(1, &list, &response, c.appdata_ptr)
+                if let response {
+                    if let r = response.pointee.resp { free(r) }
+                    free(response)
+                }
+            }
+        }
+    }
+}
