@@ -210,6 +210,11 @@ public actor Box {
                 logger.info("phone \(id.address) ended the channel: \(e.code) \(e.detail)")
             case .finished:
                 break
+            case .detached:
+                if let p = presences.removeValue(forKey: id) {
+                    audit.info("presence link closed by the phone: phone \(p.phone.fingerprint) user \(p.user) (no walk-away action)")
+                    readvertise()
+                }
             }
             drop(id)
         }
@@ -381,11 +386,11 @@ public actor Box {
             switch action {
             case .lock:
                 outcome = await run("lock", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.lock(session: $0) }
-                presences[id] = nil
+                endPresence(of: phone)
             case .logout:
                 outcome = await run("logout", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
                 if outcome == .done { sessionsByUser[user] = nil }
-                presences[id] = nil
+                endPresence(of: phone)
             case .attach:
                 graces[phone] = nil
                 presences[id] = Presence(phone: phone, user: user, nextSample: clock.now + config.rssiInterval)
@@ -398,6 +403,15 @@ public actor Box {
         links[id]?.connection = connection
         perform(output, for: id, now: clock.now)
         readvertise()
+    }
+
+    /// After an explicit lock or logout the phone's presence links have nothing left to guard.
+    private func endPresence(of phone: PublicKey) {
+        for (id, p) in presences where p.phone == phone {
+            presences[id] = nil
+            drop(id)
+        }
+        graces[phone] = nil
     }
 
     private func run(_ what: String, session: String, user: String, phone: PublicKey, reason: String,

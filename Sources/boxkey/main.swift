@@ -75,12 +75,10 @@ func fail(_ exit: Exit, _ message: String) -> Never {
     Foundation.exit(exit.rawValue)
 }
 
+/// Writes a line straight to standard output: unbuffered, so a log file follows live.
 func say(_ message: String) {
-    print(message)
-    fflushStdout()
+    FileHandle.standardOutput.write((message + "\n").data(using: .utf8)!)
 }
-
-func fflushStdout() { FileHandle.standardOutput.synchronizeFile() }
 
 /// Reads a secret: without echo on a terminal, else one line of standard input.
 func readSecret(_ prompt: String) -> SecureBytes? {
@@ -441,7 +439,12 @@ extension Boxkey {
                 await link.close()
                 fail(.failure, "box \(boxID): \(result.reason)")
             }
-            if noStay { await link.close(); return }
+            if noStay {
+                // Tell the box this is no walk-away: the session stays as it is.
+                try? await link.send(.detach)
+                await link.close()
+                return
+            }
             say("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it.")
             await presence(link, boxID: boxID, phone: phone, air: air)
         }

@@ -14,12 +14,33 @@ private let pendingKey = "pam_boxkey_pending"
 final class PendingLogin {
     let client: PAMSocketClient
     let debug: Bool
+    let raw: OpaquePointer
     var reported = false
     var answer: PromptAnswer?
+    /// The application's PAM_FAIL_DELAY function, which the verdict hook chains to.
+    var applicationDelay: UnsafeRawPointer?
 
-    init(client: PAMSocketClient, debug: Bool) {
+    init(client: PAMSocketClient, debug: Bool, raw: OpaquePointer) {
         self.client = client
         self.debug = debug
+        self.raw = raw
+    }
+
+    /// Learns the stack's verdict: Linux-PAM calls the PAM_FAIL_DELAY function with the final
+    /// status at the end of every pam_authenticate ("always call the application's delay
+    /// function ... indicate status", libpam/pam_delay.c). The application's own function, if
+    /// any, is chained; otherwise the delay a module asked for is applied, as PAM would.
+    func hookVerdict() {
+        var current: UnsafeRawPointer?
+        _ = pam_get_item(raw, PAM_FAIL_DELAY, &current)
+        applicationDelay = current
+        pthread_setspecific(pendingSlot, Unmanaged.passUnretained(self).toOpaque())
+        _ = pam_set_item(raw, PAM_FAIL_DELAY, unsafeBitCast(verdictHook, to: UnsafeRawPointer.self))
+    }
+
+    func unhookVerdict() {
+        _ = pam_set_item(raw, PAM_FAIL_DELAY, applicationDelay)
+        if pthread_getspecific(pendingSlot) == Unmanaged.passUnretained(self).toOpaque() { pthread_setspecific(pendingSlot, nil) }
     }
 
     func report(accepted: Bool, reason: String, pamh: PAMHandle?) {
@@ -85,8 +106,9 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
             try? client.send(.reportOutcome(accepted: false, reason: "the login stack failed"))
             return PAM_SYSTEM_ERR
         }
-        let pending = PendingLogin(client: client, debug: options.debug)
+        let pending = PendingLogin(client: client, debug: options.debug, raw: raw)
         if options.answerPrompt { pending.answer = PromptAnswer.install(on: pamh, password: password) }
+        pending.hookVerdict()
         let stored = Unmanaged.passRetained(pending).toOpaque()
         guard pam_set_data(raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
             Unmanaged<PendingLogin>.fromOpaque(stored).release()
@@ -106,6 +128,7 @@ private let pendingCleanup: @convention(c) (OpaquePointer?, UnsafeMutableRawPoin
     guard let data else { return }
     let pending = Unmanaged<PendingLogin>.fromOpaque(data).takeRetainedValue()
     let handle = raw.map { PAMHandle(raw: $0) }
+    if raw != nil { pending.unhookVerdict() }
     if (status & PAM_DATA_REPLACE) != 0 {
         pending.report(accepted: false, reason: "the password was not accepted", pamh: handle)
     } else {
@@ -113,6 +136,33 @@ private let pendingCleanup: @convention(c) (OpaquePointer?, UnsafeMutableRawPoin
         pending.report(accepted: code == PAM_SUCCESS, reason: code == PAM_SUCCESS ? "" : String(cString: pam_strerror(raw, code)), pamh: handle)
     }
     if let handle { pending.answer?.uninstall(from: handle) }
+}
+
+/// The pending login of the pam_authenticate running on this thread (the stack and its delay
+/// hook run on one thread; the hook gets no other context).
+let pendingSlot: pthread_key_t = {
+    var key = pthread_key_t()
+    pthread_key_create(&key, nil)
+    return key
+}()
+
+private let verdictHook: @convention(c) (Int32, UInt32, UnsafeMutableRawPointer?) -> Void = { status, delay, appdata in
+    guard let slot = pthread_getspecific(pendingSlot) else {
+        if status != PAM_SUCCESS, delay > 0 { usleep(delay) }
+        return
+    }
+    let pending = Unmanaged<PendingLogin>.fromOpaque(slot).takeUnretainedValue()
+    pending.unhookVerdict()
+    pending.report(accepted: status == PAM_SUCCESS,
+                   reason: status == PAM_SUCCESS ? "" : String(cString: pam_strerror(pending.raw, status)), pamh: PAMHandle(raw: pending.raw))
+    if let application = pending.applicationDelay {
+        typealias DelayFunction = @convention(c) (Int32, UInt32, UnsafeMutableRawPointer?) -> Void
+        let chained = unsafeBitCast(application, to: DelayFunction.self)
+        // The application's function expects its own conversation data, not our proxy's.
+        chained(status, delay, pending.answer?.original.appdata_ptr ?? appdata)
+    } else if status != PAM_SUCCESS, delay > 0 {
+        usleep(delay)
+    }
 }
 
 /// Reports success as soon as the application goes on to establish credentials (login,

@@ -37,7 +37,7 @@ import Testing
         .loginResult(LoginResult(.accepted)),
         .loginResult(LoginResult(.rejected, reason: "Authentication failure")),
         .loginResult(LoginResult(.notAtPrompt, reason: "box is not at a login prompt")),
-        .lock, .logout, .attach, .keepalive,
+        .lock, .logout, .attach, .keepalive, .detach,
         .actionResult(ActionResult(action: .lock, outcome: .done)),
         .actionResult(ActionResult(action: .attach, outcome: .noSession)),
         .error(ChannelError(.unexpectedMessage, detail: "no")),

@@ -31,6 +31,8 @@ import Testing
         #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .lock, outcome: .done)) == .closed)
         #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .logout, outcome: .done)) == nil)
         #expect(BoxSessionState.verifying.next(onPhone: .error) == .closed)
+        #expect(BoxSessionState.present.next(onPhone: .detach) == .closed)
+        #expect(BoxSessionState.awaitingCommand.next(onPhone: .detach) == nil)
     }
 
     @Test func phoneSendsOnlyWhatItsStateAllows() {

@@ -14,6 +14,7 @@ public enum AppMessage: Sendable {
     case actionResult(ActionResult)       // box -> phone, answers lock / logout / attach
     case keepalive                        // both ways, on the presence link
     case error(ChannelError)              // both ways
+    case detach                           // phone -> box: I leave on purpose; this is not walking away
 
     public enum MessageType: UInt8, Sendable, CaseIterable {
         case credentialPush = 0x01
@@ -24,6 +25,7 @@ public enum AppMessage: Sendable {
         case actionResult = 0x06
         case keepalive = 0x07
         case error = 0x08
+        case detach = 0x09
     }
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -47,6 +49,7 @@ public enum AppMessage: Sendable {
         case .actionResult: .actionResult
         case .keepalive: .keepalive
         case .error: .error
+        case .detach: .detach
         }
     }
 
@@ -79,7 +82,7 @@ public enum AppMessage: Sendable {
         case .error(let error):
             writer.u8(error.code.rawValue)
             writer.shortText(error.detail)
-        case .lock, .logout, .attach, .keepalive:
+        case .lock, .logout, .attach, .keepalive, .detach:
             break
         }
         return SecureBytes(copying: writer.bytes)
@@ -130,6 +133,7 @@ public enum AppMessage: Sendable {
         case .logout: message = .logout
         case .attach: message = .attach
         case .keepalive: message = .keepalive
+        case .detach: message = .detach
         }
         guard reader.atEnd else { throw .trailingBytes(type) }
         return message
@@ -250,7 +254,7 @@ extension AppMessage: Equatable {
         case let (.loginResult(x), .loginResult(y)): return x == y
         case let (.actionResult(x), .actionResult(y)): return x == y
         case let (.error(x), .error(y)): return x == y
-        case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive): return true
+        case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive), (.detach, .detach): return true
         default: return false
         }
     }

@@ -22,6 +22,8 @@ public struct BoxConnection {
         case protocolViolation(String)
         case peerError(ChannelError)
         case finished
+        /// The phone left on purpose (`detach`): not a walk-away.
+        case detached
         case timedOut
     }
 
@@ -185,6 +187,7 @@ public struct BoxConnection {
         case .attach: deadline = nil; out.request = .action(.attach)
         case .keepalive: out.replies = seal(.keepalive)
         case .error(let e): close(); out.request = .close(reason: .peerError(e))
+        case .detach: close(); out.request = .close(reason: .detached)
         case .loginResult, .actionResult: break   // excluded by the state table
         }
         return out

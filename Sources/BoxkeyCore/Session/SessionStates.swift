@@ -10,6 +10,7 @@
 ///     acting(attach) --done--> present        acting(lock | logout) --any--> closed
 ///     acting(attach) --noSession | failed--> closed
 ///     present --keepalive--> present (box answers keepalive)
+///     present --detach--> closed (the phone leaves on purpose: no walk-away action)
 ///     any --error, illegal message, timeout--> closed
 ///
 /// One credential push per handshake: a second push is illegal in every state but
@@ -30,6 +31,7 @@ public enum BoxSessionState: Equatable, Sendable {
         case (.awaitingCommand, .logout), (.present, .logout): return .acting(.logout)
         case (.awaitingCommand, .attach): return .acting(.attach)
         case (.present, .keepalive): return .present
+        case (.present, .detach): return .closed
         case (_, .error) where self != .closed: return .closed
         default: return nil
         }
@@ -56,6 +58,7 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     ready | present --lock | logout | attach--> awaitingActionResult(action)
 ///     awaitingActionResult(attach) --done--> present; every other answer --> closed
 ///     present --keepalive (either way)--> present
+///     present --detach--> closed
 ///     any --refusal, error, illegal message--> closed
 public enum PhoneSessionState: Equatable, Sendable {
     case idle
@@ -74,6 +77,7 @@ public enum PhoneSessionState: Equatable, Sendable {
         case (.ready, .logout), (.present, .logout): return .awaitingActionResult(.logout)
         case (.ready, .attach): return .awaitingActionResult(.attach)
         case (.present, .keepalive): return .present
+        case (.present, .detach): return .closed
         case (_, .error) where self != .closed && self != .idle: return .closed
         default: return nil
         }
