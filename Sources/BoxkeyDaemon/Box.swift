@@ -36,6 +36,8 @@ public actor Box {
     var prompts: [UInt64: Prompt] = [:]
     var nextPromptID: UInt64 = 0
     var sessionsByUser: [String: String] = [:]
+    /// Users whose session the box locked: a phone must push again (unlock), not just attach.
+    var lockedUsers: Set<String> = []
 
     // Presence
     var presences: [CentralID: Presence] = [:]
@@ -308,13 +310,18 @@ public actor Box {
 
     /// Waits for a push to prompt `id`, its timeout, or its cancellation.
     public func awaitPush(_ id: UInt64) async -> PAMReply {
-        await withCheckedContinuation { (c: CheckedContinuation<PAMReply, Never>) in
-            guard prompts[id] != nil, prompts[id]?.verifying == nil else {
-                c.resume(returning: .noPush(.timedOut))
-                return
+        // Shutting down (or the connection's task ending) releases the prompt at once.
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (c: CheckedContinuation<PAMReply, Never>) in
+                guard prompts[id] != nil, prompts[id]?.verifying == nil, !Task.isCancelled else {
+                    c.resume(returning: .noPush(.shuttingDown))
+                    return
+                }
+                prompts[id]?.waiter = c
+                readvertise()
             }
-            prompts[id]?.waiter = c
-            readvertise()
+        } onCancel: {
+            Task { await self.resolve(id, .noPush(.shuttingDown)) }
         }
     }
 
@@ -352,6 +359,7 @@ public actor Box {
             } catch {
                 logger.error("cannot record phone \(v.phone.fingerprint): \(error)")
             }
+            lockedUsers.remove(v.user)
             if links[v.link] != nil {
                 presences[v.link] = Presence(phone: v.phone, user: v.user, nextSample: now + config.rssiInterval)
                 graces[v.phone] = nil
@@ -382,10 +390,11 @@ public actor Box {
         guard let phone = links[id]?.connection.phoneKey else { return }
         let user = registry.phone(phone)?.user
         var outcome: ActionResult.Outcome = .noSession
-        if let user, let session = sessionsByUser[user] {
+        if let user, let session = sessionsByUser[user], action != .attach || !lockedUsers.contains(user) {
             switch action {
             case .lock:
                 outcome = await run("lock", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.lock(session: $0) }
+                if outcome == .done { lockedUsers.insert(user) }
                 endPresence(of: phone)
             case .logout:
                 outcome = await run("logout", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
@@ -439,7 +448,9 @@ public actor Box {
         }
         switch config.policy {
         case .lock:
-            _ = await run("walk-away lock", session: session, user: user, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
+            if await run("walk-away lock", session: session, user: user, phone: phone, reason: reason, { try await self.sessions.lock(session: $0) }) == .done {
+                lockedUsers.insert(user)
+            }
         case .logout:
             if await run("walk-away logout", session: session, user: user, phone: phone, reason: reason, { try await self.sessions.terminate(session: $0) }) == .done {
                 sessionsByUser[user] = nil

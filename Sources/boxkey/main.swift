@@ -5,6 +5,7 @@ import BoxkeyRadio
 import BoxkeySimRadio
 import CBoxkeySys
 import Foundation
+import Synchronization
 
 /// Exit codes, distinct per outcome so scripts can act on them.
 enum Exit: Int32 {
@@ -449,51 +450,72 @@ extension Boxkey {
             await presence(link, boxID: boxID, phone: phone, air: air)
         }
 
-        /// Keeps the link alive until Ctrl-C or link loss. Under the simulated radio it also
-        /// follows `boxkey sim move` (the phone walking).
-        func presence(_ link: BoxLink, boxID: BoxID, phone: Phone, air: SocketAir) async {
-            signal(SIGINT, SIG_IGN)
-            signal(SIGTERM, SIG_IGN)
-            let interrupts = AsyncStream<Int32> { c in
-                signalSources = [SIGINT, SIGTERM].map { sig in
-                    let source = DispatchSource.makeSignalSource(signal: sig)
-                    source.setEventHandler { c.yield(sig) }
-                    source.resume()
-                    return source
-                }
+        /// Keeps the presence link until Ctrl-C, an explicit lock or logout, or the session's
+        /// end. After a link loss it keeps looking for the box and re-attaches when back in
+        /// range (within the box's grace period that cancels the walk-away action). Under the
+        /// simulated radio it also follows `boxkey sim move` (the phone walking).
+        func presence(_ first: BoxLink, boxID: BoxID, phone: Phone, air: SocketAir) async {
+            for sig in [SIGINT, SIGTERM] {
+                signal(sig, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: sig)
+                source.setEventHandler { interrupted.withLock { $0 = true } }
+                source.resume()
+                signalSources.append(source)
             }
             let moves = SimMoves(directory: air.directory, address: phone.identity.simulatedAddress)
-            await withTaskGroup(of: Void.self) { group in
-                group.addTask {
-                    for await _ in interrupts { return }
+            let clock = MonotonicClock()
+            var link = first
+            var nextKeepalive = clock.now + .milliseconds(Int(keepalive * 1000))
+            while !interrupted.withLock({ $0 }) {
+                if let move = moves.take() {
+                    say("Walking to \(move.to) m over \(move.over) s…")
+                    air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
                 }
-                group.addTask {
-                    while !Task.isCancelled {
-                        do {
-                            let event = try await link.next(timeout: .milliseconds(Int(keepalive * 1000)))
-                            if case .actionResult = event { return }
-                        } catch BoxLink.Failure.timedOut {
-                            try? await link.send(.keepalive)
-                        } catch {
-                            say("Presence link to box \(boxID) ended: \(error)")
-                            return
-                        }
+                do {
+                    let event = try await link.next(timeout: .milliseconds(200))
+                    if case .actionResult = event { return }
+                } catch BoxLink.Failure.timedOut {
+                    if clock.now >= nextKeepalive {
+                        try? await link.send(.keepalive)
+                        nextKeepalive = clock.now + .milliseconds(Int(keepalive * 1000))
                     }
+                } catch BoxLink.Failure.linkLost(let reason) {
+                    say("Presence link to box \(boxID) lost (\(reason)); looking for the box…")
+                    guard let back = await reattach(boxID: boxID, phone: phone, air: air, moves: moves) else { return }
+                    link = back
+                    say("Back in range: presence link to box \(boxID) restored.")
+                } catch {
+                    say("Presence link to box \(boxID) ended: \(error)")
+                    return
                 }
-                group.addTask {
-                    while !Task.isCancelled {
-                        try? await Task.sleep(for: .milliseconds(200))
-                        if let move = moves.take() {
-                            say("Walking to \(move.to) m over \(move.over) s…")
-                            air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
-                        }
-                    }
-                }
-                await group.next()
-                group.cancelAll()
             }
+            // Ctrl-C: leaving is walking away, so the box acts by its policy.
             await link.close()
             say("Left box \(boxID).")
+        }
+
+        /// Finds the box again and asks to be its presence link again (`attach`).
+        func reattach(boxID: BoxID, phone: Phone, air: SocketAir, moves: SimMoves) async -> BoxLink? {
+            let central = air.air.central(phone.identity.simulatedAddress, at: air.air.position(of: phone.identity.simulatedAddress) ?? radio.simPosition)
+            while !interrupted.withLock({ $0 }) {
+                if let move = moves.take() {
+                    say("Walking to \(move.to) m over \(move.over) s…")
+                    air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+                }
+                guard let heard = try? await findBox(boxID, pinned: phone.pinnedKey(boxID), radio: central, timeout: .seconds(1)),
+                      let link = try? await BoxLink.open(to: heard, boxKey: phone.pinnedKey(boxID), identity: phone.identity, radio: central) else { continue }
+                do {
+                    try await link.send(.attach)
+                    if case .actionResult(let r) = try await link.next(timeout: .seconds(10)) {
+                        if r.outcome == .done { return link }
+                        say("Box \(boxID) has no session for this phone any more (it was locked or ended).")
+                        await link.close()
+                        return nil
+                    }
+                } catch {}
+                await link.close()
+            }
+            return nil
         }
     }
 
@@ -547,6 +569,7 @@ extension Boxkey {
 
 /// Kept for the life of the process: Ctrl-C ends the presence link cleanly.
 nonisolated(unsafe) var signalSources: [any DispatchSourceSignal] = []
+let interrupted = Mutex(false)
 
 func sessionAction(_ action: ActionResult.Action, id: String?, radio: RadioOptions) async throws {
     let phone = Phone()

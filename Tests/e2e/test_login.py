@@ -1,0 +1,248 @@
+"""Login end to end: phone CLI <-> simulated radio <-> boxkeyd <-> PAM stack <-> logind."""
+import os
+import re
+import subprocess
+import time
+
+from conftest import PASSWORD, wait_for
+
+
+def test_login_accepted_and_phone_recorded(world):
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode == 0, r.stderr
+    assert "Logged in to box 4821 as alice" in r.stdout
+    assert code == 0 and "successfully authenticated" in out
+    assert "Box 4821 — log in from your phone" in out
+    listing = world.admin("phones", "list")
+    assert re.search(r"[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}  alice", listing.stdout), listing.stdout
+    assert "login accepted" in world.box_output()
+
+
+def test_wrong_password_rejected_then_reentered(world):
+    world.start_box()
+    world.pair_and_store(password="wrong horse")
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "rejected the credentials" in r.stderr and "Authentication failure" in r.stderr
+    assert code != 0 and "Authentication failure" in out
+    # The user re-enters the password; nothing was retried in between.
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay")
+    code, _ = world.finish(greeter)
+    assert r.returncode == 0 and code == 0
+
+
+def test_push_without_prompt_is_not_replayed(world):
+    world.start_box()
+    world.pair_and_store()
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 8, r.stdout + r.stderr
+    assert "not at a login prompt" in r.stderr
+    # A prompt that appears later gets nothing from that push: it waits and times out.
+    world.module_options = "timeout=5 answer_prompt"
+    start = time.monotonic()
+    greeter = world.greeter(stdin="")
+    code, _ = world.finish(greeter)
+    assert code != 0 and time.monotonic() - start >= 4.5
+
+
+def test_no_push_falls_through_to_the_password_prompt(world):
+    world.start_box()
+    world.module_options = "timeout=5 answer_prompt"
+    start = time.monotonic()
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    code, out = world.finish(greeter)
+    elapsed = time.monotonic() - start
+    assert code == 0, out
+    assert 4.5 <= elapsed < 8, elapsed
+
+
+def test_box_key_changed_is_refused_loudly(world):
+    world.start_box()
+    world.pair_and_store()
+    world.stop_box()
+    # Another box takes ID 4821 with a new key.
+    subprocess.run(["rm", "-rf", os.path.join(world.work, "box")], check=True)
+    world.start_box()
+    world.greeter()
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert "PRESENTS A DIFFERENT KEY" in r.stderr
+    assert "login attempt" not in world.box_output()
+
+
+def test_vault_wiped_after_ten_wrong_pins(world):
+    world.start_box()
+    world.pair_and_store()
+    assert world.phone("pin", "set", stdin="2468\n").returncode == 0
+    now = 1_800_000_000
+    for attempt in range(1, 11):
+        r = world.phone("login", "--no-stay", stdin="1111\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
+        assert r.returncode == 5, r.stderr
+        if attempt < 10:
+            assert f"{10 - attempt} attempt" in r.stderr, r.stderr
+            if attempt >= 5:
+                # Locked out until the delay has passed: even the right PIN is not tried.
+                early = world.phone("login", "--no-stay", stdin="2468\n", extra_env={"BOXKEY_TEST_NOW": str(now + 1)})
+                assert early.returncode == 5 and "try again after" in early.stderr
+        else:
+            assert "wiped" in r.stderr
+        now += 3601
+    assert "wiped" in world.phone("credentials").stdout
+    r = world.phone("login", "--no-stay", stdin="2468\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
+    assert r.returncode == 5 and "wiped" in r.stderr
+
+
+def test_tampered_vault_is_reported(world):
+    world.start_box()
+    world.pair_and_store()
+    assert world.phone("pin", "set", stdin="2468\n").returncode == 0
+    path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
+    text = open(path).read()
+    open(path, "w").write(text.replace('"failures" : 0', '"failures" : 0 ', 1).replace('"failures" : 0 ', '"failures" : 0'))
+    assert world.phone("credentials").returncode == 0  # unchanged content still verifies
+    open(path, "w").write(re.sub(r'"operations" : \d+', '"operations" : 1', text))
+    r = world.phone("login", "--no-stay", stdin="2468\n")
+    assert r.returncode == 5 and "modified outside boxkey" in r.stderr
+
+
+def test_walk_away_locks_through_logind(world):
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    phone = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    assert world.finish(greeter)[0] == 0
+    world.phone("sim", "move", "45", "--over", "1")
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="LockSession")
+    assert "walk-away lock: session 42 user alice" in world.box_output()
+    phone.terminate()
+    phone.wait(10)
+
+
+def test_phone_back_within_grace_is_not_locked(world):
+    world.config_extra = "[presence]\n" if False else ""
+    world.start_box()
+    world.pair_and_store()
+    # A longer grace: the phone steps out of range and comes back before it ends.
+    world.stop_box()
+    config = open(world.config()).read()
+    world.config = lambda: _write(world, config.replace("grace_s = 1", "grace_s = 6"))
+    world.start_box()
+    greeter = world.greeter("authenticate", "open_session")
+    phone = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    world.finish(greeter)
+    world.phone("sim", "move", "45")
+    wait_for(lambda: "lost" in open(phone.log).read(), timeout=10, what="link loss")
+    world.phone("sim", "move", "1")
+    wait_for(lambda: "restored" in open(phone.log).read(), timeout=10, what="re-attach")
+    time.sleep(7)
+    assert "LockSession" not in world.logind.calls()
+    assert "presence link back" in world.box_output()
+    phone.terminate()
+    phone.wait(10)
+
+
+def _write(world, text):
+    path = os.path.join(world.work, "boxkeyd.conf")
+    open(path, "w").write(text)
+    return path
+
+
+def test_explicit_lock_and_logout(world):
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login", "--no-stay").returncode == 0
+    world.finish(greeter)
+    r = world.phone("lock")
+    assert r.returncode == 0 and "Locked" in r.stdout, r.stderr
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), what="LockSession")
+    r = world.phone("logout", "--yes")
+    assert r.returncode == 0 and "Logged out" in r.stdout, r.stderr
+    wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), what="TerminateSession")
+    r = world.phone("lock")
+    assert r.returncode == 8 and "no session" in r.stderr
+
+
+def test_revoked_phone_is_refused(world):
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter()
+    assert world.phone("login", "--no-stay").returncode == 0
+    world.finish(greeter)
+    fingerprint = re.search(r"([0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4})", world.admin("phones", "list").stdout).group(1)
+    r = world.admin("phones", "revoke", fingerprint[:9])
+    assert r.returncode == 0 and "revoked" in r.stdout
+    world.greeter()
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 9 and "revoked" in r.stderr
+    assert "REVOKED" in world.admin("phones", "list").stdout
+
+
+def test_rejections_are_rate_limited(world):
+    world.config_extra = "[limits]\nrejected_pushes_per_phone = 2\n"
+    world.start_box()
+    world.pair_and_store(password="wrong")
+    for _ in range(2):
+        g = world.greeter()
+        assert world.phone("login", "--no-stay").returncode == 2
+        world.finish(g)
+    g = world.greeter()
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 9 and "too many failed attempts" in r.stderr
+    g.kill()
+
+
+def test_restart_keeps_identity_and_corrupt_state_is_refused(world):
+    world.start_box()
+    before = world.admin("status").stdout
+    world.pair_and_store()
+    world.stop_box()
+    world.start_box()
+    after = world.admin("status").stdout
+    assert before.splitlines()[:2] == after.splitlines()[:2]
+    g = world.greeter()
+    assert world.phone("login", "--no-stay").returncode == 0
+    world.finish(g)
+    world.stop_box()
+    identity = os.path.join(world.work, "box", "identity")
+    text = open(identity).read()
+    open(identity, "w").write(text.replace("box-id 4821", "box-id 4822"))
+    p = world.start_box(expect_ready=False)
+    assert p.wait(20) != 0
+    assert "corrupt" in world.box_output() and "checksum" in world.box_output()
+    assert open(identity).read().startswith("boxkey-identity 1")  # not regenerated
+
+
+def test_check_config_reports_errors(world):
+    path = os.path.join(world.work, "bad.conf")
+    open(path, "w").write('[presence]\npolicy = "explode"\n')
+    r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", path], capture_output=True, text=True)
+    assert r.returncode == 78 and "policy must be lock, logout or none" in r.stderr
+    open(path, "w").write('[radio]\nbackend = "simulated"\ntypo = 1\n')
+    r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", path], capture_output=True, text=True)
+    assert r.returncode == 78 and "unknown key typo" in r.stderr
+
+
+def test_logs_never_contain_the_password(world):
+    world.start_box()
+    world.pair_and_store()
+    for password in (PASSWORD, "wrong horse"):
+        world.phone("credentials", "set", "--user", "alice", stdin=password + "\n")
+        g = world.greeter()
+        world.phone("login", "--no-stay")
+        world.finish(g)
+    world.stop_box()
+    everything = world.box_output() + "\n".join(world.outputs)
+    assert "login accepted" in everything and "login rejected" in everything
+    for secret in (PASSWORD, "wrong horse", "battery"):
+        assert secret not in everything

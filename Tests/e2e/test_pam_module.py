@@ -1,0 +1,68 @@
+"""The PAM module itself: exports, speed when the daemon is absent, remote sessions, and
+1000 transactions in one process."""
+import os
+import re
+import subprocess
+
+
+def stack(world, options, then=""):
+    path = os.path.join(world.work, "pam.d", "boxkey-only")
+    with open(path, "w") as f:
+        f.write(f"auth required {world.bins['module']} {options}\n{then}")
+
+
+def cycles(world, count, *extra):
+    r = subprocess.run([world.bins["harness"], "boxkey-only", "alice", str(count), *extra], env=world.pam_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", r.stdout)}
+
+
+def test_only_pam_entry_points_are_exported(bins):
+    out = subprocess.run(["nm", "-D", "--defined-only", bins["module"]], capture_output=True, text=True, check=True).stdout
+    exported = sorted(line.split()[-1] for line in out.splitlines() if line.split()[1] in "TDBRWV")
+    assert exported == ["pam_sm_acct_mgmt", "pam_sm_authenticate", "pam_sm_close_session", "pam_sm_open_session", "pam_sm_setcred"]
+    dynamic = subprocess.run(["readelf", "-d", bins["module"]], capture_output=True, text=True, check=True).stdout
+    assert "NODELETE" in dynamic
+    assert "libswiftCore" not in dynamic
+
+
+def test_daemon_down_is_unavailable_fast_and_1000_cycles_are_stable(world):
+    stack(world, f"socket={world.work}/nobody-listens.sock")
+    r = cycles(world, 1000)
+    assert r["rc"] == 9  # PAM_AUTHINFO_UNAVAIL
+    assert r["max_ms"] < 50, r
+    assert r["rss_end_kib"] - r["rss_start_kib"] < 1024, r
+    # With ignore_unavailable the module steps aside (PAM_IGNORE), so a required module after
+    # it alone decides: a required PAM_AUTHINFO_UNAVAIL would have failed the stack.
+    stack(world, f"socket={world.work}/nobody-listens.sock ignore_unavailable", "auth required pam_permit.so\n")
+    assert cycles(world, 10)["rc"] == 0
+
+
+def test_remote_sessions_are_not_offered_phone_login(world):
+    world.start_box()
+    stack(world, f"socket={world.socket} timeout=5")
+    r = cycles(world, 3, "203.0.113.9")
+    assert r["rc"] == 9 and r["max_ms"] < 50
+    assert "login prompt waiting" not in world.box_output()
+
+
+def test_module_gives_up_at_its_timeout(world):
+    world.start_box()
+    stack(world, f"socket={world.socket} timeout=5")
+    r = cycles(world, 1)
+    assert r["rc"] == 9 and 4900 <= r["max_ms"] < 6500, r
+
+
+def test_pam_socket_refuses_other_users(world):
+    world.start_box()
+    # Get past the file modes: SO_PEERCRED must still refuse.
+    for path in (world.work, os.path.dirname(world.socket)):
+        os.chmod(path, 0o711)
+    os.chmod(world.socket, 0o666)
+    probe = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+             "s.sendall(bytes([0,2,1,1])); s.settimeout(5); print(len(s.recv(100)))")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", probe, world.socket],
+                       capture_output=True, text=True, timeout=20)
+    assert r.stdout.strip() == "0", r.stdout + r.stderr
+    assert "not root" in world.box_output()
