@@ -4,7 +4,7 @@ import Foundation
 /// The phone's credential vault: user and password sealed with XChaCha20-Poly1305 in
 /// `$XDG_DATA_HOME/boxkey/vault` (0600).
 ///
-/// - Key: with a PIN, Argon2id(PIN, salt) at `Argon2id.Parameters.vault` (64 MiB, 4 passes),
+/// - Key: with a PIN, Argon2id(PIN, salt) at `Argon2id.Parameters.vault` (256 MiB, 3 passes),
 ///   then keyed BLAKE2b with the device secret, so the vault file alone (a backup, a copy) is
 ///   useless without this device's `phone.key`. Without a PIN, the device secret alone.
 /// - Wrong PINs are counted in the file, under a MAC keyed by the device secret: an edited

@@ -352,7 +352,7 @@ extension Boxkey {
     }
 
     struct PIN: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "pin", abstract: "Set, change or clear the vault PIN (Argon2id, 64 MiB; 10 wrong PINs wipe the credentials).",
+        static let configuration = CommandConfiguration(commandName: "pin", abstract: "Set, change or clear the vault PIN (Argon2id, 256 MiB; 10 wrong PINs wipe the credentials).",
                                                         subcommands: [Set.self, Change.self, Clear.self])
         static func reseal(newPIN: SecureBytes?, oldPIN: SecureBytes?) {
             let phone = Phone()

@@ -10,9 +10,9 @@ public enum Argon2id {
         public var operations: UInt64
         /// Bytes of memory (memlimit).
         public var memory: Int
-        /// The vault's parameters: 64 MiB and 4 passes, at least a quarter of a second per
-        /// guess on a current x86-64 core (docs/threat-model.md; measured by the benchmarks).
-        public static let vault = Parameters(operations: 4, memory: 64 << 20)
+        /// The vault's parameters: 256 MiB and 3 passes (libsodium's MODERATE), about 0.4 s per
+        /// guess on a current x86-64 core: the floor is 0.25 s and 64 MiB (docs/threat-model.md).
+        public static let vault = Parameters(operations: 3, memory: 256 << 20)
         public init(operations: UInt64, memory: Int) {
             self.operations = operations
             self.memory = memory
