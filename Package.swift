@@ -96,6 +96,11 @@ let package = Package(
             dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer"]
         ),
         .testTarget(
+            name: "BoxkeyDaemonTests",
+            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
+                           .product(name: "Logging", package: "swift-log")]
+        ),
+        .testTarget(
             name: "BoxkeyCoreTests",
             dependencies: ["BoxkeyCore"],
             exclude: ["Interop"]

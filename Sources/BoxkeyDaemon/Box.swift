@@ -44,7 +44,10 @@ public actor Box {
     var graces: [PublicKey: Grace] = [:]
 
     // Limits
-    var failedHandshakes: RateLimiter<String>
+    /// Failed or stalled handshakes per radio address: a flooding address is cut off at
+    /// connect, while phones that authenticate are never counted (a flood must not lock out
+    /// honest phones).
+    var failedHandshakes: RateLimiter<DeviceAddress>
     var rejectedByPhone: RateLimiter<PublicKey>
     var rejectedTotal: RateLimiter<String>
 
@@ -138,6 +141,11 @@ public actor Box {
         let now = clock.now
         switch event {
         case .connected(let id, let mtu):
+            if failedHandshakes.isLimited(id.address, now: now) {
+                logger.notice("refusing \(id.address): too many failed handshakes in the last minute")
+                outboxContinuation.yield(.disconnect(id))
+                return
+            }
             guard links.count < config.maxConnections else {
                 logger.warning("refusing \(id.address): \(links.count) connections already")
                 outboxContinuation.yield(.disconnect(id))
@@ -167,6 +175,7 @@ public actor Box {
             message = try links[id]!.reassembler.receive(fragment, mtu: mtu, now: now)
         } catch {
             logger.notice("bad fragment from \(id.address): \(error)")
+            failedHandshakes.record(id.address, now: now)
             let handshaking = links[id]!.connection.state == .awaitingHandshake
             if handshaking { send([Envelope.refusal(Refusal(.malformed)).encode()], to: id) }
             drop(id)
@@ -201,12 +210,14 @@ public actor Box {
             let phone = links[id]?.connection.phoneKey
             switch reason {
             case .refused(let code):
-                if code == .handshakeFailed || code == .replayedHandshake || code == .malformed { failedHandshakes.record("all", now: now) }
+                if code == .handshakeFailed || code == .replayedHandshake || code == .malformed || code == .staleAdvertisement {
+                    failedHandshakes.record(id.address, now: now)
+                }
                 audit.info("refused \(id.address)\(phone.map { " phone \($0.fingerprint)" } ?? ""): \(code)")
             case .protocolViolation(let why):
                 audit.notice("dropped \(id.address)\(phone.map { " phone \($0.fingerprint)" } ?? ""): \(why)")
             case .timedOut:
-                failedHandshakes.record("all", now: now)
+                failedHandshakes.record(id.address, now: now)
                 logger.info("timed out \(id.address)")
             case .peerError(let e):
                 logger.info("phone \(id.address) ended the channel: \(e.code) \(e.detail)")

@@ -1,0 +1,104 @@
+import BoxkeyCore
+@testable import BoxkeyDaemon
+import BoxkeyPAMWire
+@testable import BoxkeyPhone
+import BoxkeyRadio
+import BoxkeySimRadio
+import Foundation
+import Logging
+import Synchronization
+import Testing
+
+/// Records logind calls: a test double for the session controller (the e2e tests use
+/// python-dbusmock's logind through the real D-Bus client).
+final class RecordedSessions: SessionControl {
+    let calls = Mutex<[String]>([])
+    func lock(session: String) async throws { calls.withLock { $0.append("lock \(session)") } }
+    func terminate(session: String) async throws { calls.withLock { $0.append("terminate \(session)") } }
+}
+
+/// The real Box and RadioService on the in-process simulated air, in real time.
+struct BoxHarness {
+    let air = SimulatedAir(clock: MonotonicClock(), pacing: .realTime)
+    let box: Box
+    let service: RadioService
+    let state: String
+
+    init(configure: (inout DaemonConfig) -> Void = { _ in }) throws {
+        state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-box-\(UUID().uuidString.prefix(8))").path
+        var config = DaemonConfig()
+        config.stateDirectory = state
+        config.grace = .zero
+        configure(&config)
+        let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: RecordedSessions(),
+                  clock: MonotonicClock(), logger: logger, radioDescription: "test air")
+        service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
+                               clock: MonotonicClock(), logger: logger)
+    }
+
+    func phone(_ n: UInt8) -> (PhoneIdentity, SimulatedCentral) {
+        let identity = PhoneIdentity(keyPair: KeyPair.generate(), deviceSecret: SecureBytes.random(count: 32))
+        return (identity, air.central(DeviceAddress(String(format: "00:50:48:00:00:%02X", n))!, at: 1))
+    }
+
+    /// Runs `body` with the box serving.
+    func run(_ body: @Sendable @escaping () async throws -> Void) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await service.run() }
+            try await Task.sleep(for: .milliseconds(200))
+            try await body()
+            group.cancelAll()
+        }
+        try? FileManager.default.removeItem(atPath: state)
+    }
+}
+
+@Suite(.serialized) struct BoxTests {
+    @Test func floodingAddressIsCutOffWhileOtherPhonesLogIn() async throws {
+        let h = try BoxHarness { $0.failedHandshakesPerMinute = 3 }
+        try await h.run {
+            let (_, attacker) = h.phone(0x66)
+            // Garbage instead of a handshake, from one address, until it is cut off.
+            for _ in 0..<3 {
+                let link = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
+                try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+                try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: [0, 0, 4, 1, 3, 0, 0], withResponse: true)
+                var events = link.events.makeAsyncIterator()
+                while let e = await events.next() { if case .disconnected = e { break } }
+            }
+            let again = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
+            var events = again.events.makeAsyncIterator()
+            #expect(await events.next() == .disconnected(.remoteUser))
+
+            // Another phone, meanwhile, logs in.
+            let (identity, central) = h.phone(0x01)
+            let prompt = await h.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+            let heard = try #require(try await findBox(BoxID(4821)!, pinned: h.box.identity.keyPair.publicKey, radio: central, timeout: .seconds(5)))
+            let link = try await BoxLink.open(to: heard, boxKey: h.box.identity.keyPair.publicKey, identity: identity, radio: central)
+            async let reply = h.box.awaitPush(prompt)
+            try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
+            guard case .push(let user, _) = await reply else { Issue.record("no push"); return }
+            #expect(user == "alice")
+            await h.box.report(prompt, accepted: true, reason: "")
+            #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
+            await link.close()
+        }
+    }
+
+    @Test func slowConnectionIsDroppedAtTheHandshakeTimeout() async throws {
+        let h = try BoxHarness { $0.handshakeTimeout = .seconds(1) }
+        try await h.run {
+            let (_, slow) = h.phone(0x42)
+            let clock = MonotonicClock()
+            let start = clock.now
+            let link = try await slow.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
+            var events = link.events.makeAsyncIterator()
+            #expect(await events.next() == .disconnected(.remoteUser))
+            let waited = clock.now - start
+            #expect(waited >= .milliseconds(900) && waited < .seconds(3), "dropped after \(waited)")
+        }
+    }
+}
