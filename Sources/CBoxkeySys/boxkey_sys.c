@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <spawn.h>
 
 int boxkey_disable_core_dumps(void) {
     struct rlimit none = {0, 0};
@@ -20,3 +21,5 @@ long long boxkey_peer_uid(int fd) {
 
 int boxkey_sol_socket(void) { return SOL_SOCKET; }
 int boxkey_so_peercred(void) { return SO_PEERCRED; }
+
+short boxkey_posix_spawn_setsid(void) { return POSIX_SPAWN_SETSID; }

@@ -246,3 +246,20 @@ def test_logs_never_contain_the_password(world):
     assert "login accepted" in everything and "login rejected" in everything
     for secret in (PASSWORD, "wrong horse", "battery"):
         assert secret not in everything
+
+
+def test_background_presence_link(world):
+    world.start_box()
+    world.pair_and_store()
+    world.env["XDG_STATE_HOME"] = os.path.join(world.work, "phone", "state")
+    greeter = world.greeter("authenticate", "open_session")
+    r = world.phone("login", "--background", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Logged in to box 4821" in r.stdout and "continues in the background" in r.stdout
+    world.finish(greeter)
+    status = world.phone("status").stdout
+    pid = int(re.search(r"background link running \(pid (\d+)\)", status).group(1))
+    # Ctrl-C for the background link: it leaves, and the box locks by its policy.
+    os.kill(pid, 2)
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
+    wait_for(lambda: "background" not in world.phone("status").stdout, what="pid file removed")

@@ -20,4 +20,6 @@ long long boxkey_peer_uid(int fd);
 /* SOL_SOCKET and SO_PEERCRED, for NIO's unsafeGetSocketOption. */
 int boxkey_sol_socket(void);
 int boxkey_so_peercred(void);
+/* POSIX_SPAWN_SETSID (a GNU extension): start a child in a new session. */
+short boxkey_posix_spawn_setsid(void);
 #endif

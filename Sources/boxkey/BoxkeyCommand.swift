@@ -397,10 +397,13 @@ extension Boxkey {
         static let configuration = CommandConfiguration(abstract: "Log in to a box: push the stored credentials, print the box's answer, then stay connected as the presence link.")
         @Argument(help: "The box ID (default: the paired box).") var id: String?
         @Flag(help: "Exit after the box's answer instead of staying connected as the presence link.") var noStay = false
+        @Flag(help: "Keep the presence link in a detached background process (log: $XDG_STATE_HOME/boxkey/presence.log); this command returns once the box has answered.") var background = false
+        @Flag(help: .hidden) var detachedChild = false
         @Option(help: "Seconds between keepalives on the presence link.") var keepalive = 10.0
         @OptionGroup var radio: RadioOptions
 
         func run() async throws {
+            if background, !detachedChild { try runInBackground() }
             let phone = Phone()
             let boxID = phone.boxID(id)
             _ = phone.pinnedKey(boxID)
@@ -447,7 +450,22 @@ extension Boxkey {
                 return
             }
             say("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it.")
+            if detachedChild { BackgroundPresence.detachOutput(phone.dirs) }
             await presence(link, boxID: boxID, phone: phone, air: air)
+            if detachedChild { BackgroundPresence.clear(phone.dirs) }
+        }
+
+        /// Starts `boxkey login --detached-child` in a new session, passes it the PIN, shows what
+        /// it says up to the box's answer, and exits with its status (0 once presence is up).
+        func runInBackground() throws -> Never {
+            let phone = Phone()
+            let vault = phone.vault()
+            var pin = vault.hasPIN ? readSecret("PIN: ") : nil
+            var arguments = CommandLine.arguments.filter { $0 != "--background" } + ["--detached-child"]
+            arguments[0] = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+            let status = BackgroundPresence.spawn(arguments, pin: pin)
+            pin = nil
+            Foundation.exit(status)
         }
 
         /// Keeps the presence link until Ctrl-C, an explicit lock or logout, or the session's
@@ -543,6 +561,7 @@ extension Boxkey {
             let phone = Phone()
             let vault = phone.vault()
             say("phone key:   \(phone.identity.keyPair.publicKey.fingerprint)")
+            if let pid = BackgroundPresence.runningPID(phone.dirs) { say("presence:    background link running (pid \(pid))") }
             say("credentials: \(vault.isWiped ? "wiped" : vault.hasCredentials ? "stored" : "none")\(vault.hasPIN ? ", PIN set" : "")\(vault.failures > 0 ? ", \(vault.failures) wrong PIN(s)" : "")")
             if phone.boxes.boxes.isEmpty { say("boxes:       none paired") }
             for b in phone.boxes.boxes {
