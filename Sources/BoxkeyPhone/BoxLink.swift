@@ -177,8 +177,22 @@ public final class BoxLink: @unchecked Sendable {
 
     public func rssi() async -> Int? { try? await link.rssi() }
 
+    /// On the simulated radio: the connection events this link used so far, from the
+    /// connection's first event to the last one that carried data, and the ATT value bytes
+    /// both ways. nil on other radios.
+    public var airStatistics: (events: Int, bytes: Int, packets: Int)? {
+        guard let simulated = link as? SimulatedLinkStatistics else { return nil }
+        return simulated.statistics
+    }
+
     public func close() async {
         connection.close()
         await link.disconnect()
     }
+}
+
+/// What a simulated link can report about its use of the air (implemented by the simulated
+/// radio, so this module does not depend on it).
+public protocol SimulatedLinkStatistics {
+    var statistics: (events: Int, bytes: Int, packets: Int) { get }
 }

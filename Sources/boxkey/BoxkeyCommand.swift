@@ -399,6 +399,7 @@ extension Boxkey {
         @Flag(help: "Exit after the box's answer instead of staying connected as the presence link.") var noStay = false
         @Flag(help: "Keep the presence link in a detached background process (log: $XDG_STATE_HOME/boxkey/presence.log); this command returns once the box has answered.") var background = false
         @Flag(help: .hidden) var detachedChild = false
+        @Flag(help: "Simulated radio: also print the connection events and bytes on air the login used.") var stats = false
         @Option(help: "Seconds between keepalives on the presence link.") var keepalive = 10.0
         @OptionGroup var radio: RadioOptions
 
@@ -433,6 +434,9 @@ extension Boxkey {
             switch result.outcome {
             case .accepted:
                 say("Logged in to box \(boxID) as \(credentials.user) (\(elapsed.formatted(.units(allowed: [.milliseconds])))).")
+                if stats, let s = link.airStatistics {
+                    say("Air: \(s.events) connection events from connect to the answer, \(s.packets) link-layer packets, \(s.bytes) ATT value bytes both ways.")
+                }
             case .rejected:
                 await link.close()
                 fail(.rejected, "box \(boxID) rejected the credentials for \(credentials.user): \(result.reason). If the password changed, run `boxkey credentials set` and log in again.")
@@ -626,5 +630,12 @@ struct SimMoves: Sendable {
         unlink(path)
         let parts = text.split(separator: " ").compactMap { Double($0) }
         return parts.count == 2 ? (parts[0], parts[1]) : nil
+    }
+}
+
+extension SimulatedLink: SimulatedLinkStatistics {
+    public var statistics: (events: Int, bytes: Int, packets: Int) {
+        let t = trace
+        return ((t.map(\.lastEvent).max() ?? -1) + 1, t.reduce(0) { $0 + $1.valueBytes }, t.reduce(0) { $0 + $1.packets })
     }
 }
