@@ -53,6 +53,12 @@ public actor Box {
 
     /// Wakes the timer loop when a new deadline appears.
     let doorbell = Doorbell()
+    /// While the timer loop runs `tick`, new deadlines need no ring: the loop asks for the next
+    /// deadline right after. (Ringing from inside a tick made the loop spin while a phone was
+    /// connected.)
+    var ticking = false
+    /// How often the timer loop has run: tests check an idle link costs (almost) nothing.
+    public private(set) var ticks = 0
 
     struct PhoneLink {
         var id: CentralID
@@ -155,7 +161,7 @@ public actor Box {
                 identity: identity.keyPair, boxID: identity.boxID, connectedAt: now,
                 handshakeTimeout: config.handshakeTimeout, commandTimeout: config.commandTimeout))
             logger.debug("connected \(id), MTU \(mtu)")
-            doorbell.ring()
+            wakeTimers()
         case .subscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = true }
         case .unsubscribed(let id, let characteristic):
@@ -231,7 +237,7 @@ public actor Box {
             }
             drop(id)
         }
-        doorbell.ring()
+        wakeTimers()
     }
 
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
@@ -288,7 +294,7 @@ public actor Box {
         audit.info("login attempt: phone \(phone.fingerprint) (\(push.deviceName)) user \(push.user) into \(prompt.request.service)")
         prompt.waiter?.resume(returning: .push(user: push.user, password: push.password.unprotectedCopy))
         readvertise()
-        doorbell.ring()
+        wakeTimers()
     }
 
     private func finishLogin(on id: CentralID, _ result: LoginResult, now: Duration) {
@@ -315,7 +321,7 @@ public actor Box {
         }
         prompts[id] = Prompt(request: request, deadline: clock.now + wait, waiter: nil)
         logger.info("login prompt waiting: \(request.service)\(request.tty.isEmpty ? "" : " on \(request.tty)")\(request.expectedUser.isEmpty ? "" : " for \(request.expectedUser)")")
-        doorbell.ring()
+        wakeTimers()
         return id
     }
 
@@ -449,7 +455,7 @@ public actor Box {
     private func startGrace(phone: PublicKey, user: String, reason: String, now: Duration) {
         guard config.policy != .none else { return }
         graces[phone] = Grace(user: user, deadline: now + config.grace, reason: reason)
-        doorbell.ring()
+        wakeTimers()
     }
 
     private func walkAway(phone: PublicKey, user: String, reason: String) async {
@@ -498,6 +504,9 @@ public actor Box {
 
     /// Runs every timeout that is due; returns the links whose RSSI should be sampled now.
     public func tick() async -> [CentralID] {
+        ticking = true
+        ticks += 1
+        defer { ticking = false }
         let now = clock.now
         for id in Array(links.keys) {
             guard var link = links[id] else { continue }
@@ -574,6 +583,10 @@ public actor Box {
         ]
         if !graces.isEmpty { lines.append("grace:       \(graces.values.map(\.user).joined(separator: ", "))") }
         return lines.joined(separator: "\n")
+    }
+
+    private func wakeTimers() {
+        if !ticking { doorbell.ring() }
     }
 
     public func shutdown() {

@@ -88,6 +88,21 @@ struct BoxHarness {
         }
     }
 
+    @Test func aConnectedPhoneDoesNotKeepTheTimersBusy() async throws {
+        let h = try BoxHarness { $0.handshakeTimeout = .seconds(30) }
+        try await h.run {
+            let (_, phone) = h.phone(0x07)
+            let link = try await phone.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
+            try await Task.sleep(for: .milliseconds(200))
+            let before = await h.box.ticks
+            try await Task.sleep(for: .seconds(1))
+            let during = await h.box.ticks - before
+            // Nothing is due for 30 s: the timer loop sleeps (it used to spin thousands of times).
+            #expect(during <= 2, "\(during) timer runs in one idle second")
+            await link.disconnect()
+        }
+    }
+
     @Test func slowConnectionIsDroppedAtTheHandshakeTimeout() async throws {
         let h = try BoxHarness { $0.handshakeTimeout = .seconds(1) }
         try await h.run {
