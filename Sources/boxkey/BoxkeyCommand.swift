@@ -218,11 +218,23 @@ struct Phone {
 
 extension Boxkey {
     struct Scan: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "List nearby boxes live: ID, signal strength, paired or not.")
+        static let configuration = CommandConfiguration(
+            abstract: "List nearby boxes live: ID, signal strength, paired or not.",
+            discussion: "On a terminal the list redraws as advertisements arrive, with a progress line; piped, it prints one plain line per box as it is first heard (with --json, one object per advertisement).")
         @Option(help: "How long to scan, in seconds.") var seconds = 4.0
-        @Flag(help: "One JSON object per box, per line.") var json = false
+        @Flag(help: "One JSON object per advertisement heard, per line.") var json = false
         @Option(help: "Stop as soon as this box is found.") var id: String?
         @OptionGroup var radio: RadioOptions
+
+        struct Row: Sendable {
+            var advert: Advertisement
+            var rssi: Int
+            var paired: Bool
+            var address: DeviceAddress
+            var line: String {
+                "\(advert.boxID)  \(String(format: "%4d", rssi)) dBm  \(paired ? "paired    " : "not paired")\(advert.flags.contains(.loginPromptWaiting) ? "  at login prompt" : "")  \(address)"
+            }
+        }
 
         func run() async throws {
             let phone = Phone()
@@ -230,30 +242,50 @@ extension Boxkey {
             defer { air.shutdown() }
             let wanted = id.flatMap(BoxID.init)
             if id != nil, wanted == nil { fail(.failure, "--id takes four digits") }
-            let terminal = isatty(1) == 1 && !json
+            let live = isatty(1) == 1 && !json
             let clock = MonotonicClock()
-            let end = clock.now + .milliseconds(Int(seconds * 1000))
-            if terminal { FileHandle.standardError.write("scanning for \(seconds) s…\r".data(using: .utf8)!) }
+            let start = clock.now
+            let end = start + .milliseconds(Int(seconds * 1000))
             let boxes = phone.boxes
+            let results = central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: live || json))
             let (found, count): (Bool, Int) = await withTaskGroup(of: (Bool, Int)?.self) { group in
                 group.addTask { try? await clock.sleep(until: end); return nil }
                 group.addTask {
-                    var seen: [DeviceAddress: Int] = [:]
+                    var rows: [DeviceAddress: Row] = [:]
+                    var drawn = 0
+                    var lastDraw = clock.now - .seconds(1)
+                    let spinner = Array("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+                    func draw(final: Bool = false) {
+                        guard live else { return }
+                        var out = drawn > 0 ? "\u{1B}[\(drawn)F" : ""
+                        let sorted = rows.values.sorted { $0.rssi > $1.rssi }
+                        for r in sorted { out += "\u{1B}[2K" + r.line + "\n" }
+                        let elapsed = Double((clock.now - start).nanoseconds) / 1e9
+                        let left = max(0, seconds - elapsed)
+                        out += "\u{1B}[2K" + (final ? "\(sorted.count) box\(sorted.count == 1 ? "" : "es") found" : "\(spinner[Int(elapsed * 10) % spinner.count]) scanning… \(String(format: "%.0f", left.rounded(.up))) s left") + "\n"
+                        drawn = sorted.count + 1
+                        FileHandle.standardOutput.write(out.data(using: .utf8)!)
+                        lastDraw = clock.now
+                    }
+                    draw()
                     do {
-                        for try await r in central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID])) {
+                        for try await r in results {
                             guard let advert = r.boxAdvertisement else { continue }
                             let paired = boxes.key(of: advert.boxID).map { $0.advertisementHint == advert.keyHint } ?? false
-                            let first = seen[r.address] == nil
-                            seen[r.address] = r.rssi
+                            let first = rows[r.address] == nil
+                            rows[r.address] = Row(advert: advert, rssi: r.rssi, paired: paired, address: r.address)
                             if json {
                                 say(#"{"id":"\#(advert.boxID)","address":"\#(r.address)","rssi":\#(r.rssi),"paired":\#(paired),"loginPrompt":\#(advert.flags.contains(.loginPromptWaiting))}"#)
+                            } else if live {
+                                if first || clock.now - lastDraw >= .milliseconds(100) { draw() }
                             } else if first {
-                                say("\(advert.boxID)  \(r.rssi) dBm  \(paired ? "paired" : "not paired")\(advert.flags.contains(.loginPromptWaiting) ? "  at login prompt" : "")  \(r.address)")
+                                say(rows[r.address]!.line)
                             }
-                            if advert.boxID == wanted { return (true, seen.count) }
+                            if advert.boxID == wanted { draw(final: true); return (true, rows.count) }
                         }
                     } catch {}
-                    return (false, seen.count)
+                    draw(final: true)
+                    return (false, rows.count)
                 }
                 var result: (Bool, Int) = (false, 0)
                 if let first = await group.next(), let r = first { result = r } else {
@@ -263,9 +295,8 @@ extension Boxkey {
                 group.cancelAll()
                 return result
             }
-            if terminal { FileHandle.standardError.write("\u{1B}[2K".data(using: .utf8)!) }
             if wanted != nil, !found { throw Exit.notFound.code }
-            if count == 0, !json { say("no boxes found") }
+            if count == 0, !json, !live { say("no boxes found") }
         }
     }
 
