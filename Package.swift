@@ -10,6 +10,8 @@ let package = Package(
     products: [
         .library(name: "BoxkeyCore", targets: ["BoxkeyCore"]),
         .library(name: "BoxkeyRadio", targets: ["BoxkeyRadio", "BoxkeySimRadio"]),
+        .library(name: "BoxkeyPAMWire", targets: ["BoxkeyPAMWire"]),
+        .library(name: "BoxkeyDaemon", targets: ["BoxkeyDaemon"]),
         // The PAM module. scripts/build-pam-module links the installable pam_boxkey.so
         // (static Swift runtime, -z nodelete, only pam_sm_* exported).
         .library(name: "pam_boxkey", type: .dynamic, targets: ["pam_boxkey"]),
@@ -58,6 +60,7 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOExtras", package: "swift-nio-extras"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
 
         // The daemon <-> PAM module socket protocol and its blocking client (no Foundation:
@@ -74,6 +77,7 @@ let package = Package(
             .product(name: "TOMLKit", package: "TOMLKit"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
         .executableTarget(name: "boxkeyd", dependencies: [
             "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPAMWire",
@@ -82,10 +86,14 @@ let package = Package(
         ]),
 
         // The phone's parts: identity, pinned boxes, the vault, the link to a box.
-        .target(name: "BoxkeyPhone", dependencies: ["BoxkeyCore", "BoxkeyRadio"]),
+        .target(name: "BoxkeyPhone", dependencies: [
+            "BoxkeyCore", "BoxkeyRadio",
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ]),
         .executableTarget(name: "boxkey", dependencies: [
             "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPhone", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
 
         // A peripheral in its own process, for the cross-process radio tests.
@@ -98,7 +106,8 @@ let package = Package(
         .testTarget(
             name: "BoxkeyDaemonTests",
             dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
-                           .product(name: "Logging", package: "swift-log")]
+                           .product(name: "Logging", package: "swift-log"),
+                           .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),
         .testTarget(
             name: "BoxkeyCoreTests",

@@ -5,7 +5,7 @@ import BoxkeySimRadio
 import Foundation
 import Logging
 import ServiceLifecycle
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Assembles the daemon from its configuration: identity, phone registry, radio, logind, and
 /// the services, and runs them until SIGTERM or SIGINT.
@@ -104,16 +104,16 @@ public enum Daemon {
 
 /// Tells systemd the daemon is ready (Type=notify) once every part has said so.
 public final class Readiness: Sendable {
-    private let remaining: Mutex<Int>
+    private let remaining: NIOLockedValueBox<Int>
     private let logger: Logger
 
     init(parts: Int, logger: Logger) {
-        remaining = Mutex(parts)
+        remaining = NIOLockedValueBox(parts)
         self.logger = logger
     }
 
     func ready(_ part: String) {
-        let done = remaining.withLock { n -> Bool in n -= 1; return n == 0 }
+        let done = remaining.withLockedValue { n -> Bool in n -= 1; return n == 0 }
         logger.debug("\(part) ready")
         if done { SystemdNotify.send("READY=1\nSTATUS=advertising, PAM bridge listening") }
     }

@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Wakes one sleeper early: the timer loop sleeps until its next deadline or until the box
 /// rings because a nearer deadline appeared. A ring while nobody sleeps is remembered.
@@ -8,10 +8,10 @@ final class Doorbell: Sendable {
         var rung = false
         var sleeper: CheckedContinuation<Void, Never>?
     }
-    private let state = Mutex(State())
+    private let state = NIOLockedValueBox(State())
 
     func ring() {
-        let sleeper = state.withLock { s -> CheckedContinuation<Void, Never>? in
+        let sleeper = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
             if let c = s.sleeper { s.sleeper = nil; return c }
             s.rung = true
             return nil
@@ -25,7 +25,7 @@ final class Doorbell: Sendable {
             group.addTask { [self] in
                 await withTaskCancellationHandler {
                     await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                        let now = state.withLock { s -> Bool in
+                        let now = state.withLockedValue { s -> Bool in
                             if s.rung || Task.isCancelled { s.rung = false; return true }
                             s.sleeper = c
                             return false
@@ -33,7 +33,7 @@ final class Doorbell: Sendable {
                         if now { c.resume() }
                     }
                 } onCancel: { [self] in
-                    state.withLock { s -> CheckedContinuation<Void, Never>? in defer { s.sleeper = nil }; return s.sleeper }?.resume()
+                    state.withLockedValue { s -> CheckedContinuation<Void, Never>? in defer { s.sleeper = nil }; return s.sleeper }?.resume()
                 }
             }
             if let deadline { group.addTask { try? await clock.sleep(until: deadline) } }

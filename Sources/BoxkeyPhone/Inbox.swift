@@ -1,4 +1,4 @@
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// A queue with one consumer that can wait with a timeout.
 final class Inbox<T: Sendable>: Sendable {
@@ -7,10 +7,10 @@ final class Inbox<T: Sendable>: Sendable {
         var closed = false
         var waiter: CheckedContinuation<Void, Never>?
     }
-    private let state = Mutex(State())
+    private let state = NIOLockedValueBox(State())
 
     func put(_ item: T) {
-        state.withLock { s -> CheckedContinuation<Void, Never>? in
+        state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
             s.items.append(item)
             defer { s.waiter = nil }
             return s.waiter
@@ -18,7 +18,7 @@ final class Inbox<T: Sendable>: Sendable {
     }
 
     func close() {
-        state.withLock { s -> CheckedContinuation<Void, Never>? in
+        state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
             s.closed = true
             defer { s.waiter = nil }
             return s.waiter
@@ -32,7 +32,7 @@ final class Inbox<T: Sendable>: Sendable {
         let clock = ContinuousClock()
         let deadline = clock.now + timeout
         while true {
-            let step = state.withLock { s -> Step in
+            let step = state.withLockedValue { s -> Step in
                 if !s.items.isEmpty { return .item(s.items.removeFirst()) }
                 return s.closed ? .finished : .wait
             }
@@ -45,7 +45,7 @@ final class Inbox<T: Sendable>: Sendable {
                     group.addTask { [self] in
                         await withTaskCancellationHandler {
                             await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                                let now = state.withLock { s -> Bool in
+                                let now = state.withLockedValue { s -> Bool in
                                     if !s.items.isEmpty || s.closed || Task.isCancelled { return true }
                                     s.waiter = c
                                     return false
@@ -53,7 +53,7 @@ final class Inbox<T: Sendable>: Sendable {
                                 if now { c.resume() }
                             }
                         } onCancel: { [self] in
-                            state.withLock { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }?.resume()
+                            state.withLockedValue { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }?.resume()
                         }
                     }
                     group.addTask { try? await Task.sleep(until: deadline, clock: clock) }

@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// A clock that moves only when a test says so. Not a model of anything: it lets tests check
 /// timeouts (supervision, handshake, grace periods) without sleeping.
@@ -13,22 +13,22 @@ public final class ManualClock: RadioClock {
         var sleepers: [UInt64: Sleeper] = [:]
         var nextID: UInt64 = 0
     }
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
 
     public init(now: Duration = .zero) {
-        state = Mutex(State(now: now))
+        state = NIOLockedValueBox(State(now: now))
     }
 
-    public var now: Duration { state.withLock { $0.now } }
+    public var now: Duration { state.withLockedValue { $0.now } }
 
     /// How many tasks are waiting on this clock.
-    public var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+    public var sleeperCount: Int { state.withLockedValue { $0.sleepers.count } }
 
     public func sleep(until deadline: Duration) async throws {
-        let id = state.withLock { s -> UInt64 in s.nextID += 1; return s.nextID }
+        let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
-                let resumeNow = state.withLock { s -> Bool in
+                let resumeNow = state.withLockedValue { s -> Bool in
                     if deadline <= s.now { return true }
                     s.sleepers[id] = Sleeper(deadline: deadline, continuation: c)
                     return false
@@ -36,7 +36,7 @@ public final class ManualClock: RadioClock {
                 if resumeNow { c.resume() }
             }
         } onCancel: {
-            let sleeper = state.withLock { $0.sleepers.removeValue(forKey: id) }
+            let sleeper = state.withLockedValue { $0.sleepers.removeValue(forKey: id) }
             sleeper?.continuation.resume(throwing: CancellationError())
         }
     }
@@ -47,7 +47,7 @@ public final class ManualClock: RadioClock {
     }
 
     public func advance(to instant: Duration) {
-        let due = state.withLock { s -> [Sleeper] in
+        let due = state.withLockedValue { s -> [Sleeper] in
             s.now = max(s.now, instant)
             let ids = s.sleepers.filter { $0.value.deadline <= s.now }.sorted { $0.value.deadline < $1.value.deadline }.map(\.key)
             return ids.compactMap { s.sleepers.removeValue(forKey: $0) }

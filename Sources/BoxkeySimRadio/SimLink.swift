@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Where a link delivers what the peripheral should see: the peripheral's own mailbox in this
 /// process, or a socket to the peripheral's process (`SocketAir`).
@@ -69,7 +69,7 @@ final class SimLink: Sendable {
     let parameters: SimulationParameters
     let centralMailbox: TimedMailbox<LinkEvent>
     let peripheralSink: any PeripheralSink
-    let state: Mutex<State>
+    let state: NIOLockedValueBox<State>
 
     init(id: UInt64, central: DeviceAddress, peripheral: DeviceAddress, service: GATTService?, anchor: Duration,
          parameters: SimulationParameters, centralMailbox: TimedMailbox<LinkEvent>, peripheralSink: any PeripheralSink) {
@@ -83,16 +83,16 @@ final class SimLink: Sendable {
         self.peripheralSink = peripheralSink
         let schedule = LinkSchedule(anchor: anchor, interval: parameters.connectionInterval,
                                     packetsPerEvent: parameters.packetsPerEvent, transmitBuffer: parameters.transmitBuffer)
-        state = Mutex(State(toPeripheral: schedule, toCentral: schedule, mtu: 23))
+        state = NIOLockedValueBox(State(toPeripheral: schedule, toCentral: schedule, mtu: 23))
     }
 
-    var mtu: Int { state.withLock { $0.mtu } }
-    var anchor: Duration { state.withLock { $0.toPeripheral.anchor } }
-    var trace: [LinkTraceEntry] { state.withLock { $0.trace } }
+    var mtu: Int { state.withLockedValue { $0.mtu } }
+    var anchor: Duration { state.withLockedValue { $0.toPeripheral.anchor } }
+    var trace: [LinkTraceEntry] { state.withLockedValue { $0.trace } }
 
     /// Why the link is down at time `t`, or nil while it is up.
     func downReason(at t: Duration) -> DisconnectReason? {
-        state.withLock { s in
+        state.withLockedValue { s in
             if let closed = s.closed { return closed }
             if let loss = s.loss, t >= loss.lossTime { return .supervisionTimeout }
             return nil
@@ -102,7 +102,7 @@ final class SimLink: Sendable {
     // MARK: Traffic
 
     func sendToPeripheral(packets: Int, valueBytes: Int, issuedAt t: Duration, event: PeripheralEvent?, air: SimulatedAir) -> LinkSchedule.Placement {
-        let (placement, hold) = state.withLock { s -> (LinkSchedule.Placement, Bool) in
+        let (placement, hold) = state.withLockedValue { s -> (LinkSchedule.Placement, Bool) in
             let p = s.toPeripheral.place(packets: packets, issuedAt: max(t, s.resumedAt))
             record(&s, .toPeripheral, packets, valueBytes, p)
             let hold = s.loss.map { p.deliveredAt > $0.contactEnd } ?? false
@@ -117,7 +117,7 @@ final class SimLink: Sendable {
     }
 
     func sendToCentral(packets: Int, valueBytes: Int, issuedAt t: Duration, event: LinkEvent?, air: SimulatedAir) -> LinkSchedule.Placement {
-        let (placement, hold) = state.withLock { s -> (LinkSchedule.Placement, Bool) in
+        let (placement, hold) = state.withLockedValue { s -> (LinkSchedule.Placement, Bool) in
             let p = s.toCentral.place(packets: packets, issuedAt: max(t, s.resumedAt))
             record(&s, .toCentral, packets, valueBytes, p)
             let hold = s.loss.map { p.deliveredAt > $0.contactEnd } ?? false
@@ -140,7 +140,7 @@ final class SimLink: Sendable {
     /// the gap ends in a supervision timeout. Returns the completion time.
     func completion(of t: Duration, clock: any RadioClock) async throws -> Duration {
         while true {
-            let gap = state.withLock { s -> (Loss?, DisconnectReason?, Duration) in
+            let gap = state.withLockedValue { s -> (Loss?, DisconnectReason?, Duration) in
                 if let closed = s.closed { return (nil, closed, .zero) }
                 if let loss = s.loss, t > loss.contactEnd { return (loss, nil, .zero) }
                 return (nil, nil, max(t, s.resumedAt))
@@ -148,7 +148,7 @@ final class SimLink: Sendable {
             if let reason = gap.1 { throw RadioError.disconnected(reason) }
             guard let loss = gap.0 else { return gap.2 }
             try await clock.sleep(until: loss.lossTime)
-            let stillLost = state.withLock { $0.loss?.tag == loss.tag }
+            let stillLost = state.withLockedValue { $0.loss?.tag == loss.tag }
             if stillLost { throw RadioError.disconnected(.supervisionTimeout) }
         }
     }
@@ -159,7 +159,7 @@ final class SimLink: Sendable {
     func scheduleLoss(contactEnd: Duration, air: SimulatedAir) {
         let tag = UInt64.random(in: 1...UInt64.max)
         let lossTime = contactEnd + parameters.supervisionTimeout
-        let scheduled = state.withLock { s -> Bool in
+        let scheduled = state.withLockedValue { s -> Bool in
             guard s.closed == nil, s.loss == nil else { return false }
             s.loss = Loss(contactEnd: contactEnd, lossTime: lossTime, tag: tag)
             return true
@@ -168,7 +168,7 @@ final class SimLink: Sendable {
         // Traffic already queued for after the contact ended waits in `held`.
         let lateToCentral = centralMailbox.take(after: contactEnd)
         let lateToPeripheral = peripheralSink.take(after: contactEnd)
-        state.withLock { s in
+        state.withLockedValue { s in
             s.held += lateToCentral.map { .toCentral($0.item, $0.time) }
             s.held += lateToPeripheral.map { .toPeripheral($0.0, $0.1) }
         }
@@ -178,7 +178,7 @@ final class SimLink: Sendable {
 
     /// Contact is back at `t` before the supervision timeout: deliver what waited, late.
     func cancelLoss(resumeAt t: Duration, air: SimulatedAir) {
-        let (tag, held) = state.withLock { s -> (UInt64?, [Held]) in
+        let (tag, held) = state.withLockedValue { s -> (UInt64?, [Held]) in
             guard let loss = s.loss, t < loss.lossTime else { return (nil, []) }
             s.loss = nil
             s.resumedAt = t
@@ -199,7 +199,7 @@ final class SimLink: Sendable {
     /// Re-plans loss after either end moved.
     func reevaluate(central a: Trajectory, peripheral b: Trajectory, now: Duration, air: SimulatedAir) {
         let range = parameters.range
-        let pending = state.withLock { $0.loss }
+        let pending = state.withLockedValue { $0.loss }
         if pending != nil {
             if abs(a.position(at: now) - b.position(at: now)) <= range {
                 cancelLoss(resumeAt: now, air: air)
@@ -214,14 +214,14 @@ final class SimLink: Sendable {
 
     /// Ends the link now from one side: the other side hears LL_TERMINATE_IND on the next event.
     func close(by side: LinkTraceEntry.Direction, at t: Duration, air: SimulatedAir) {
-        let first = state.withLock { s -> Bool in
+        let first = state.withLockedValue { s -> Bool in
             guard s.closed == nil, s.loss.map({ t < $0.lossTime }) ?? true else { return false }
             s.closed = .localHost
             if let loss = s.loss { s.loss = nil; centralMailbox.remove(tag: loss.tag); peripheralSink.remove(tag: loss.tag) }
             return true
         }
         guard first else { return }
-        let placement = state.withLock { s in
+        let placement = state.withLockedValue { s in
             side == .toPeripheral ? s.toPeripheral.place(packets: 1, issuedAt: t) : s.toCentral.place(packets: 1, issuedAt: t)
         }
         switch side {
@@ -236,14 +236,14 @@ final class SimLink: Sendable {
     }
 
     func subscribe(_ characteristic: String) {
-        state.withLock { _ = $0.subscriptions.insert(characteristic) }
+        state.withLockedValue { _ = $0.subscriptions.insert(characteristic) }
     }
 
     func isSubscribed(_ characteristic: String) -> Bool {
-        state.withLock { $0.subscriptions.contains(characteristic) }
+        state.withLockedValue { $0.subscriptions.contains(characteristic) }
     }
 
-    func setMTU(_ mtu: Int) { state.withLock { $0.mtu = mtu } }
+    func setMTU(_ mtu: Int) { state.withLockedValue { $0.mtu = mtu } }
 }
 
 /// The first time after `t` when two devices on these trajectories are more than `range`
@@ -271,19 +271,19 @@ func firstExit(_ a: Trajectory, _ b: Trajectory, range: Double, after t: Duratio
 
 extension SimulatedAir {
     func register(_ link: SimLink) {
-        state.withLock { $0.links[link.id] = link }
+        state.withLockedValue { $0.links[link.id] = link }
     }
 
     func forget(_ link: SimLink) {
-        let removed = state.withLock { $0.links.removeValue(forKey: link.id) }
+        let removed = state.withLockedValue { $0.links.removeValue(forKey: link.id) }
         if removed != nil { link.peripheralSink.linkEnded() }
     }
 
     func link(for central: CentralID) -> SimLink? {
-        state.withLock { $0.links[central.connection] }
+        state.withLockedValue { $0.links[central.connection] }
     }
 
     func nextConnectionID() -> UInt64 {
-        state.withLock { s in s.nextConnection += 1; return s.nextConnection }
+        state.withLockedValue { s in s.nextConnection += 1; return s.nextConnection }
     }
 }

@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// The simulated radio world: devices at positions on a line, advertisements, and links whose
 /// every ATT operation lands on a modelled connection event. One `SimulatedAir` serves any
@@ -21,13 +21,13 @@ public final class SimulatedAir: Sendable {
     public let parameters: SimulationParameters
     public let clock: any RadioClock
     public let pacing: Pacing
-    let state: Mutex<AirState>
+    let state: NIOLockedValueBox<AirState>
 
     public init(parameters: SimulationParameters = SimulationParameters(), clock: any RadioClock = MonotonicClock(), pacing: Pacing = .realTime) {
         self.parameters = parameters
         self.clock = clock
         self.pacing = pacing
-        state = Mutex(AirState(rng: SeededGenerator(seed: parameters.seed)))
+        state = NIOLockedValueBox(AirState(rng: SeededGenerator(seed: parameters.seed)))
     }
 
     // MARK: Devices
@@ -35,7 +35,7 @@ public final class SimulatedAir: Sendable {
     /// A peripheral at `position` metres.
     public func peripheral(_ address: DeviceAddress, at position: Double = 0) -> SimulatedPeripheral {
         let mailbox = TimedMailbox<PeripheralEvent>(clock: clock, pacing: pacing)
-        state.withLock { s in
+        state.withLockedValue { s in
             s.devices[address] = DeviceState(trajectory: .still(at: position))
             s.peripherals[address] = PeripheralState(mailbox: mailbox)
         }
@@ -44,7 +44,7 @@ public final class SimulatedAir: Sendable {
 
     /// A central at `position` metres.
     public func central(_ address: DeviceAddress, at position: Double = 1) -> SimulatedCentral {
-        state.withLock { s in s.devices[address] = DeviceState(trajectory: .still(at: position)) }
+        state.withLockedValue { s in s.devices[address] = DeviceState(trajectory: .still(at: position)) }
         return SimulatedCentral(air: self, address: address)
     }
 
@@ -54,14 +54,14 @@ public final class SimulatedAir: Sendable {
     /// leave range are lost `supervisionTimeout` after the last contact.
     public func move(_ address: DeviceAddress, to position: Double, over duration: Duration = .zero) {
         let now = clock.now
-        state.withLock { s in
+        state.withLockedValue { s in
             guard var device = s.devices[address] else { return }
             device.trajectory = Trajectory(from: device.trajectory.position(at: now), to: position, start: now, duration: duration)
             s.devices[address] = device
         }
         for link in links(of: address) {
             reevaluateRange(link, now: now)
-            if link.central == address, let t = state.withLock({ $0.devices[address]?.trajectory }) {
+            if link.central == address, let t = state.withLockedValue({ $0.devices[address]?.trajectory }) {
                 link.peripheralSink.centralMoved(t)
             }
         }
@@ -70,17 +70,17 @@ public final class SimulatedAir: Sendable {
     }
 
     func peripheralChanged(_ address: DeviceAddress) {
-        let hook = state.withLock { $0.peripherals[address]?.mailbox != nil ? $0.onPeripheralChange : nil }
+        let hook = state.withLockedValue { $0.peripherals[address]?.mailbox != nil ? $0.onPeripheralChange : nil }
         hook?(address)
     }
 
     func refreshRemote() {
-        let hook = state.withLock { $0.refresher }
+        let hook = state.withLockedValue { $0.refresher }
         hook?()
     }
 
     func remoteCentral(_ id: CentralID) -> (any RemoteCentral)? {
-        state.withLock { $0.remoteCentrals[id.connection] }
+        state.withLockedValue { $0.remoteCentrals[id.connection] }
     }
 
     /// Ends radio contact on every link of `address` now, as interference or a dead battery
@@ -92,30 +92,30 @@ public final class SimulatedAir: Sendable {
 
     /// Makes a peripheral refuse (or accept again) new connections.
     public func refuseConnections(to address: DeviceAddress, _ refuse: Bool = true) {
-        state.withLock { s in s.devices[address]?.refusesConnections = refuse }
+        state.withLockedValue { s in s.devices[address]?.refusesConnections = refuse }
     }
 
     /// Adds host processing time to everything a device sends (a slow peer).
     public func slow(_ address: DeviceAddress, by delay: Duration) {
-        state.withLock { s in s.devices[address]?.processingDelay = delay }
+        state.withLockedValue { s in s.devices[address]?.processingDelay = delay }
     }
 
     public func position(of address: DeviceAddress) -> Double? {
         let now = clock.now
-        return state.withLock { $0.devices[address]?.trajectory.position(at: now) }
+        return state.withLockedValue { $0.devices[address]?.trajectory.position(at: now) }
     }
 
     // MARK: Internals shared by the device types
 
     func links(of address: DeviceAddress) -> [SimLink] {
-        state.withLock { s in s.links.values.filter { $0.central == address || $0.peripheral == address } }
+        state.withLockedValue { s in s.links.values.filter { $0.central == address || $0.peripheral == address } }
     }
 
     /// When a device's next action starts: now, or in instant pacing the time it last
     /// received or finished something (its causal time), plus its processing delay.
     func issueTime(_ address: DeviceAddress) -> Duration {
         let now = clock.now
-        return state.withLock { s in
+        return state.withLockedValue { s in
             guard let d = s.devices[address] else { return now }
             return (pacing == .instant ? max(now, d.localTime) : now) + d.processingDelay
         }
@@ -123,7 +123,7 @@ public final class SimulatedAir: Sendable {
 
     /// Records that a device has seen time `t`; in real-time pacing, waits until then.
     func finish(_ address: DeviceAddress, at t: Duration) async throws {
-        state.withLock { s in
+        state.withLockedValue { s in
             if let d = s.devices[address] { s.devices[address]!.localTime = max(d.localTime, t) }
         }
         if pacing == .realTime { try await clock.sleep(until: t) }
@@ -131,20 +131,20 @@ public final class SimulatedAir: Sendable {
 
     func noteDelivery(to address: DeviceAddress, at t: Duration) {
         guard pacing == .instant else { return }
-        state.withLock { s in
+        state.withLockedValue { s in
             if let d = s.devices[address] { s.devices[address]!.localTime = max(d.localTime, t) }
         }
     }
 
     func distance(_ a: DeviceAddress, _ b: DeviceAddress, at t: Duration) -> Double? {
-        state.withLock { s in
+        state.withLockedValue { s in
             guard let da = s.devices[a], let db = s.devices[b] else { return nil }
             return abs(da.trajectory.position(at: t) - db.trajectory.position(at: t))
         }
     }
 
     func trajectories(_ a: DeviceAddress, _ b: DeviceAddress) -> (Trajectory, Trajectory)? {
-        state.withLock { s in
+        state.withLockedValue { s in
             guard let da = s.devices[a], let db = s.devices[b] else { return nil }
             return (da.trajectory, db.trajectory)
         }
@@ -153,7 +153,7 @@ public final class SimulatedAir: Sendable {
     func rssi(_ a: DeviceAddress, _ b: DeviceAddress, at t: Duration) -> Int? {
         guard let d = distance(a, b, at: t) else { return nil }
         let loss = PathLoss(parameters)
-        return state.withLock { s in loss.rssi(distance: d, using: &s.rng) }
+        return state.withLockedValue { s in loss.rssi(distance: d, using: &s.rng) }
     }
 
     /// Time of advertising event k of an advertiser: interval steps plus advDelay, which is
@@ -167,7 +167,7 @@ public final class SimulatedAir: Sendable {
 
     /// The first advertising event strictly after `t`.
     func nextAdvertisingEvent(of address: DeviceAddress, after t: Duration) -> (time: Duration, data: AdvertisingData)? {
-        guard let adv = state.withLock({ $0.peripherals[address]?.advertising }) else { return nil }
+        guard let adv = state.withLockedValue({ $0.peripherals[address]?.advertising }) else { return nil }
         var k = t < adv.since ? 0 : Int((t - adv.since).nanoseconds / adv.data.interval.nanoseconds)
         while true {
             let e = advertisingEvent(k, of: address, since: adv.since, interval: adv.data.interval)
@@ -184,7 +184,7 @@ public final class SimulatedAir: Sendable {
     // MARK: Change notification for scanners
 
     func signalChange() {
-        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+        let waiters = state.withLockedValue { s -> [CheckedContinuation<Void, Never>] in
             defer { s.changeWaiters = [:] }
             s.changeVersion &+= 1
             return Array(s.changeWaiters.values)
@@ -192,16 +192,16 @@ public final class SimulatedAir: Sendable {
         waiters.forEach { $0.resume() }
     }
 
-    var changeVersion: UInt64 { state.withLock { $0.changeVersion } }
+    var changeVersion: UInt64 { state.withLockedValue { $0.changeVersion } }
 
     /// Waits until something scanners care about changes after `version`, or until `deadline`.
     func waitForChange(since version: UInt64, orUntil deadline: Duration) async {
-        let id = state.withLock { s -> UInt64 in s.nextWaiter &+= 1; return s.nextWaiter }
+        let id = state.withLockedValue { s -> UInt64 in s.nextWaiter &+= 1; return s.nextWaiter }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { [self] in
                 await withTaskCancellationHandler {
                     await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                        let now = state.withLock { s -> Bool in
+                        let now = state.withLockedValue { s -> Bool in
                             if s.changeVersion != version || Task.isCancelled { return true }
                             s.changeWaiters[id] = c
                             return false
@@ -209,7 +209,7 @@ public final class SimulatedAir: Sendable {
                         if now { c.resume() }
                     }
                 } onCancel: { [self] in
-                    state.withLock { $0.changeWaiters.removeValue(forKey: id) }?.resume()
+                    state.withLockedValue { $0.changeWaiters.removeValue(forKey: id) }?.resume()
                 }
             }
             group.addTask { [clock] in try? await clock.sleep(until: deadline) }

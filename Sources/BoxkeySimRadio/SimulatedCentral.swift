@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// The central role on the simulated air.
 public final class SimulatedCentral: CentralRadio {
@@ -24,7 +24,7 @@ public final class SimulatedCentral: CentralRadio {
     public func connectLink(to peer: DeviceAddress, timeout: Duration) async throws -> SimulatedLink {
         air.refreshRemote()
         let t = air.issueTime(address)
-        let (entry, refuses, trajectory) = air.state.withLock { s in
+        let (entry, refuses, trajectory) = air.state.withLockedValue { s in
             (s.peripherals[peer], s.devices[peer]?.refusesConnections ?? false, s.devices[address]?.trajectory ?? .still(at: 0))
         }
         guard let entry else { throw RadioError.deviceNotFound(peer) }
@@ -82,13 +82,13 @@ public final class SimulatedLink: CentralLink {
     init(air: SimulatedAir, link: SimLink) {
         self.air = air
         self.link = link
-        let ended = Mutex(false)
+        let ended = NIOLockedValueBox(false)
         let mailbox = link.centralMailbox
         self.events = AsyncStream(unfolding: {
-            if ended.withLock({ $0 }) { return nil }
+            if ended.withLockedValue({ $0 }) { return nil }
             let event = await mailbox.next()
             if case .disconnected = event {
-                ended.withLock { $0 = true }
+                ended.withLockedValue { $0 = true }
                 air.forget(link)
             }
             return event
@@ -201,13 +201,13 @@ final class ScanCursor: Sendable {
     private let air: SimulatedAir
     private let scanner: DeviceAddress
     private let filter: ScanFilter
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
 
     init(air: SimulatedAir, scanner: DeviceAddress, filter: ScanFilter, start: Duration) {
         self.air = air
         self.scanner = scanner
         self.filter = filter
-        self.state = Mutex(State(cursor: start))
+        self.state = NIOLockedValueBox(State(cursor: start))
     }
 
     func next() async throws -> ScanResult? {
@@ -215,8 +215,8 @@ final class ScanCursor: Sendable {
             try Task.checkCancellation()
             air.refreshRemote()
             let version = air.changeVersion
-            let (after, reported) = state.withLock { ($0.cursor, $0.reported) }
-            let advertisers = air.state.withLock { s in s.peripherals.filter { $0.value.advertising != nil }.map(\.key) }
+            let (after, reported) = state.withLockedValue { ($0.cursor, $0.reported) }
+            let advertisers = air.state.withLockedValue { s in s.peripherals.filter { $0.value.advertising != nil }.map(\.key) }
             var best: ScanResult?
             for address in advertisers where address != scanner {
                 var t = after
@@ -233,17 +233,17 @@ final class ScanCursor: Sendable {
             }
             if let best {
                 if air.pacing == .realTime { try await air.clock.sleep(until: best.timestamp) }
-                state.withLock { s in
+                state.withLockedValue { s in
                     s.cursor = best.timestamp
                     s.reported[best.address] = best.advertisement
                 }
                 return best
             }
             // Other processes' advertisers are polled, so wake often when there may be some.
-            let poll: Duration = air.state.withLock { $0.refresher } == nil ? .seconds(1) : .milliseconds(50)
+            let poll: Duration = air.state.withLockedValue { $0.refresher } == nil ? .seconds(1) : .milliseconds(50)
             await air.waitForChange(since: version, orUntil: air.clock.now + poll)
             let now = air.clock.now
-            state.withLock { $0.cursor = max($0.cursor, now) }
+            state.withLockedValue { $0.cursor = max($0.cursor, now) }
         }
     }
 }

@@ -13,13 +13,13 @@ public final class SimulatedPeripheral: PeripheralRadio {
     }
 
     public func publish(_ service: GATTService) async throws {
-        air.state.withLock { $0.peripherals[address]?.service = service }
+        air.state.withLockedValue { $0.peripherals[address]?.service = service }
         air.peripheralChanged(address)
     }
 
     public func advertise(_ data: AdvertisingData) async throws {
         let now = air.issueTime(address)
-        air.state.withLock { s in
+        air.state.withLockedValue { s in
             let since = s.peripherals[address]?.advertising?.since ?? now
             s.peripherals[address]?.advertising = (data, since)
         }
@@ -28,7 +28,7 @@ public final class SimulatedPeripheral: PeripheralRadio {
     }
 
     public func stopAdvertising() async {
-        air.state.withLock { $0.peripherals[address]?.advertising = nil }
+        air.state.withLockedValue { $0.peripherals[address]?.advertising = nil }
         air.peripheralChanged(address)
         air.signalChange()
     }
@@ -38,7 +38,7 @@ public final class SimulatedPeripheral: PeripheralRadio {
         if let remote = air.remoteCentral(central) {
             if let reason = remote.downReason { throw RadioError.disconnected(reason) }
             let uuid = characteristic.lowercased()
-            let service = air.state.withLock { $0.peripherals[address]?.service }
+            let service = air.state.withLockedValue { $0.peripherals[address]?.service }
             guard let c = service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid) }
             guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
             guard remote.isSubscribed(uuid) else { throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)") }

@@ -2,7 +2,7 @@ import BoxkeyRadio
 import Foundation
 import NIOCore
 import NIOPosix
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// The simulated radio between processes on one machine: `boxkeyd` and `boxkey` run as
 /// separate programs and find each other through a directory, with no broker.
@@ -28,7 +28,7 @@ public final class SocketAir: Sendable {
         var remote: Set<DeviceAddress> = []
         var closed = false
     }
-    private let state = Mutex(State())
+    private let state = NIOLockedValueBox(State())
 
     /// `$BOXKEY_SIM_DIR`, or /tmp/boxkey-sim.
     public static var defaultDirectory: String {
@@ -43,7 +43,7 @@ public final class SocketAir: Sendable {
             chmod(directory, 0o1777)
         }
         air = SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
-        air.state.withLock { s in
+        air.state.withLockedValue { s in
             s.onPeripheralChange = { [weak self] address in self?.publishFile(of: address) }
             s.refresher = { [weak self] in self?.refresh() }
         }
@@ -64,7 +64,7 @@ public final class SocketAir: Sendable {
             .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true)
             .wait()
         chmod(path, 0o666)
-        state.withLock { $0.servers[address] = server }
+        state.withLockedValue { $0.servers[address] = server }
         publishFile(of: address)
         return peripheral
     }
@@ -75,7 +75,7 @@ public final class SocketAir: Sendable {
 
     /// Stops listening and removes this process's files. Links end as if the process died.
     public func shutdown() {
-        let (servers, tasks) = state.withLock { s -> ([DeviceAddress: any Channel], [Task<Void, Never>]) in
+        let (servers, tasks) = state.withLockedValue { s -> ([DeviceAddress: any Channel], [Task<Void, Never>]) in
             s.closed = true
             defer { s.servers = [:]; s.tasks = [:] }
             return (s.servers, Array(s.tasks.values))
@@ -85,7 +85,7 @@ public final class SocketAir: Sendable {
             unlink(filePath(address))
             unlink(socketPath(address))
         }
-        for link in air.state.withLock({ Array($0.links.values) }) { link.peripheralSink.linkEnded() }
+        for link in air.state.withLockedValue({ Array($0.links.values) }) { link.peripheralSink.linkEnded() }
         tasks.forEach { $0.cancel() }
     }
 
@@ -107,8 +107,8 @@ public final class SocketAir: Sendable {
     }
 
     private func publishFile(of address: DeviceAddress) {
-        guard state.withLock({ $0.servers[address] != nil || !$0.closed }) else { return }
-        let file = air.state.withLock { s -> PeripheralFile? in
+        guard state.withLockedValue({ $0.servers[address] != nil || !$0.closed }) else { return }
+        let file = air.state.withLockedValue { s -> PeripheralFile? in
             guard let p = s.peripherals[address], p.mailbox != nil, let d = s.devices[address] else { return nil }
             return PeripheralFile(address: address.string, pid: getpid(), trajectory: d.trajectory, service: p.service,
                                   advertising: p.advertising?.data, advertisingSince: p.advertising?.since.nanoseconds)
@@ -125,18 +125,18 @@ public final class SocketAir: Sendable {
     /// connecting; reads the directory at most every 50 ms.
     func refresh() {
         let now = air.clock.now
-        let proceed = state.withLock { s -> Bool in
+        let proceed = state.withLockedValue { s -> Bool in
             guard now - s.lastRefresh >= .milliseconds(50) else { return false }
             s.lastRefresh = now
             return true
         }
         guard proceed else { return }
-        let local = Set(state.withLock { Array($0.servers.keys) })
+        let local = Set(state.withLockedValue { Array($0.servers.keys) })
         var found: [String: Data] = [:]
         for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] where name.hasSuffix(".json") {
             if let data = FileManager.default.contents(atPath: "\(directory)/\(name)") { found[name] = data }
         }
-        let changed = state.withLock { s -> Bool in
+        let changed = state.withLockedValue { s -> Bool in
             defer { s.seenFiles = found }
             return s.seenFiles != found
         }
@@ -152,7 +152,7 @@ public final class SocketAir: Sendable {
                 connection.send(.hello(central: central.string, trajectory: trajectory))
                 return SocketPeripheralSink(connection: connection)
             }
-            air.state.withLock { s in
+            air.state.withLockedValue { s in
                 var device = s.devices[address] ?? DeviceState(trajectory: file.trajectory)
                 device.trajectory = file.trajectory
                 s.devices[address] = device
@@ -160,11 +160,11 @@ public final class SocketAir: Sendable {
                 s.peripherals[address] = PeripheralState(mailbox: nil, connector: connector, service: file.service, advertising: advertising)
             }
         }
-        let gone = state.withLock { s -> Set<DeviceAddress> in
+        let gone = state.withLockedValue { s -> Set<DeviceAddress> in
             defer { s.remote = present }
             return s.remote.subtracting(present)
         }
-        air.state.withLock { s in for a in gone { s.peripherals[a] = nil; s.devices[a] = nil } }
+        air.state.withLockedValue { s in for a in gone { s.peripherals[a] = nil; s.devices[a] = nil } }
         air.signalChange()
     }
 
@@ -175,7 +175,7 @@ public final class SocketAir: Sendable {
     // MARK: Tasks
 
     private func spawn(_ body: @escaping @Sendable () async -> Void) {
-        let id = state.withLock { s -> UInt64? in
+        let id = state.withLockedValue { s -> UInt64? in
             guard !s.closed else { return nil }
             s.nextTask += 1
             return s.nextTask
@@ -183,14 +183,14 @@ public final class SocketAir: Sendable {
         guard let id else { return }
         let task = Task { [weak self] in
             await body()
-            _ = self?.state.withLock { $0.tasks.removeValue(forKey: id) }
+            _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
         }
-        state.withLock { $0.tasks[id] = task }
+        state.withLockedValue { $0.tasks[id] = task }
     }
 
     /// The peripheral side of one connection from another process.
     private func serveCentral(_ connection: FrameConnection, peripheral address: DeviceAddress) async {
-        guard let mailbox = air.state.withLock({ $0.peripherals[address]?.mailbox }) else { connection.close(); return }
+        guard let mailbox = air.state.withLockedValue({ $0.peripherals[address]?.mailbox }) else { connection.close(); return }
         var remote: SocketRemoteCentral?
         for await frame in connection.frames {
             switch frame {
@@ -198,7 +198,7 @@ public final class SocketAir: Sendable {
                 guard remote == nil, let centralAddress = DeviceAddress(central) else { connection.close(); return }
                 let id = CentralID(address: centralAddress, connection: air.nextConnectionID())
                 let r = SocketRemoteCentral(id: id, connection: connection, trajectory: trajectory, mailbox: mailbox, parameters: air.parameters)
-                air.state.withLock { $0.remoteCentrals[id.connection] = r }
+                air.state.withLockedValue { $0.remoteCentrals[id.connection] = r }
                 remote = r
             case .event(let wire, let time, let waits, let tag):
                 guard let remote else { continue }
@@ -219,7 +219,7 @@ public final class SocketAir: Sendable {
                 remote.ended(.supervisionTimeout)
                 mailbox.push(.disconnected(remote.id, reason: .supervisionTimeout), at: air.clock.now + air.parameters.supervisionTimeout, waitsForClock: true)
             }
-            _ = air.state.withLock { $0.remoteCentrals.removeValue(forKey: remote.id.connection) }
+            _ = air.state.withLockedValue { $0.remoteCentrals.removeValue(forKey: remote.id.connection) }
         }
     }
 }
@@ -227,7 +227,7 @@ public final class SocketAir: Sendable {
 /// The central's process: events for a peripheral in another process go over the socket.
 final class SocketPeripheralSink: PeripheralSink {
     let connection: FrameConnection
-    private let reader = Mutex<Task<Void, Never>?>(nil)
+    private let reader = NIOLockedValueBox<Task<Void, Never>?>(nil)
 
     init(connection: FrameConnection) { self.connection = connection }
 
@@ -241,7 +241,7 @@ final class SocketPeripheralSink: PeripheralSink {
 
     func linkEnded() {
         connection.close()
-        reader.withLock { $0?.cancel() }
+        reader.withLockedValue { $0?.cancel() }
     }
 
     /// Starts reading what the peripheral sends on this link.
@@ -263,7 +263,7 @@ final class SocketPeripheralSink: PeripheralSink {
             // The peripheral's process went away without a word: contact is lost now.
             if link.downReason(at: air.clock.now) == nil { link.scheduleLoss(contactEnd: air.clock.now, air: air) }
         }
-        reader.withLock { $0 = task }
+        reader.withLockedValue { $0 = task }
     }
 }
 
@@ -280,21 +280,21 @@ final class SocketRemoteCentral: RemoteCentral {
         var down: DisconnectReason?
         var rng: SeededGenerator
     }
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
 
     init(id: CentralID, connection: FrameConnection, trajectory: Trajectory, mailbox: TimedMailbox<PeripheralEvent>, parameters: SimulationParameters) {
         self.id = id
         self.connection = connection
         self.mailbox = mailbox
         self.pathLoss = PathLoss(parameters)
-        state = Mutex(State(trajectory: trajectory, rng: SeededGenerator(seed: parameters.seed ^ id.connection)))
+        state = NIOLockedValueBox(State(trajectory: trajectory, rng: SeededGenerator(seed: parameters.seed ^ id.connection)))
     }
 
-    var mtu: Int { state.withLock { $0.mtu } }
-    var downReason: DisconnectReason? { state.withLock { $0.down } }
+    var mtu: Int { state.withLockedValue { $0.mtu } }
+    var downReason: DisconnectReason? { state.withLockedValue { $0.down } }
 
     func observe(_ event: PeripheralEvent) {
-        state.withLock { s in
+        state.withLockedValue { s in
             switch event {
             case .connected(_, let mtu): s.mtu = mtu
             case .subscribed(_, let c): s.subscriptions.insert(c)
@@ -305,23 +305,23 @@ final class SocketRemoteCentral: RemoteCentral {
         }
     }
 
-    func ended(_ reason: DisconnectReason) { state.withLock { $0.down = $0.down ?? reason } }
-    func lossCancelled() { state.withLock { if $0.down == .supervisionTimeout { $0.down = nil } } }
-    func moved(_ trajectory: Trajectory) { state.withLock { $0.trajectory = trajectory } }
-    func isSubscribed(_ characteristic: String) -> Bool { state.withLock { $0.subscriptions.contains(characteristic) } }
+    func ended(_ reason: DisconnectReason) { state.withLockedValue { $0.down = $0.down ?? reason } }
+    func lossCancelled() { state.withLockedValue { if $0.down == .supervisionTimeout { $0.down = nil } } }
+    func moved(_ trajectory: Trajectory) { state.withLockedValue { $0.trajectory = trajectory } }
+    func isSubscribed(_ characteristic: String) -> Bool { state.withLockedValue { $0.subscriptions.contains(characteristic) } }
 
     func notify(characteristic: String, value: [UInt8], issuedAt: Duration) {
         connection.send(.notify(characteristic: characteristic, value: value, time: issuedAt.nanoseconds))
     }
 
     func rssi(at t: Duration, peripheralPosition: Double, air: SimulatedAir) -> Int {
-        state.withLock { s in
+        state.withLockedValue { s in
             pathLoss.rssi(distance: abs(s.trajectory.position(at: t) - peripheralPosition), using: &s.rng)
         }
     }
 
     func disconnect(at t: Duration) {
-        guard state.withLock({ s -> Bool in defer { s.down = s.down ?? .localHost }; return s.down == nil }) else { return }
+        guard state.withLockedValue({ s -> Bool in defer { s.down = s.down ?? .localHost }; return s.down == nil }) else { return }
         connection.send(.disconnect(time: t.nanoseconds))
         mailbox.push(.disconnected(id, reason: .localHost), at: t)
     }

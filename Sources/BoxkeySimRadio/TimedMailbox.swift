@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// A single-consumer queue of items due at modelled times. With `.realTime` pacing the
 /// consumer receives each item when the clock reaches its time; with `.instant` pacing it
@@ -20,7 +20,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
         var version: UInt64 = 0
     }
 
-    private let state = Mutex(State())
+    private let state = NIOLockedValueBox(State())
     private let clock: any RadioClock
     private let pacing: Pacing
 
@@ -31,7 +31,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
 
     /// Adds an item, keeping time order (stable for equal times).
     func push(_ item: Item, at time: Duration, waitsForClock: Bool = false, tag: UInt64? = nil) {
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+        let waiter = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
             guard !s.closed else { return nil }
             let index = s.entries.lastIndex { $0.time <= time }.map { $0 + 1 } ?? 0
             s.entries.insert(Entry(time: time, item: item, waitsForClock: waitsForClock, tag: tag), at: index)
@@ -44,13 +44,13 @@ final class TimedMailbox<Item: Sendable>: Sendable {
 
     /// Removes pending items carrying `tag`.
     func remove(tag: UInt64) {
-        state.withLock { $0.entries.removeAll { $0.tag == tag } }
+        state.withLockedValue { $0.entries.removeAll { $0.tag == tag } }
     }
 
     /// Removes and returns pending items due after `time` (for traffic that a lost link never
     /// delivered).
     func take(after time: Duration) -> [Entry] {
-        state.withLock { s in
+        state.withLockedValue { s in
             let taken = s.entries.filter { $0.time > time && $0.tag == nil }
             s.entries.removeAll { $0.time > time && $0.tag == nil }
             return taken
@@ -59,7 +59,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
 
     /// No more items after those queued.
     func close() {
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+        let waiter = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
             s.closed = true
             s.version &+= 1
             defer { s.waiter = nil }
@@ -74,7 +74,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
     func next() async -> Item? {
         while !Task.isCancelled {
             let now = clock.now
-            let step = state.withLock { s -> Step in
+            let step = state.withLockedValue { s -> Step in
                 guard let head = s.entries.first else { return s.closed ? .finished : .wait(nil, s.version) }
                 let due = head.time <= now || (pacing == .instant && !head.waitsForClock)
                 if due { s.entries.removeFirst(); return .deliver(head.item) }
@@ -94,7 +94,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
             group.addTask { [self] in
                 await withTaskCancellationHandler {
                     await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                        let resumeNow = state.withLock { s -> Bool in
+                        let resumeNow = state.withLockedValue { s -> Bool in
                             if Task.isCancelled || s.closed || s.version != version { return true }
                             s.waiter = c
                             return false
@@ -102,7 +102,7 @@ final class TimedMailbox<Item: Sendable>: Sendable {
                         if resumeNow { c.resume() }
                     }
                 } onCancel: { [self] in
-                    let w = state.withLock { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }
+                    let w = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }
                     w?.resume()
                 }
             }

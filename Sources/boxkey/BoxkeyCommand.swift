@@ -5,7 +5,7 @@ import BoxkeyRadio
 import BoxkeySimRadio
 import CBoxkeySys
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Exit codes, distinct per outcome so scripts can act on them.
 enum Exit: Int32 {
@@ -511,7 +511,7 @@ extension Boxkey {
             for sig in [SIGINT, SIGTERM] {
                 signal(sig, SIG_IGN)
                 let source = DispatchSource.makeSignalSource(signal: sig)
-                source.setEventHandler { interrupted.withLock { $0 = true } }
+                source.setEventHandler { interrupted.withLockedValue { $0 = true } }
                 source.resume()
                 signalSources.append(source)
             }
@@ -519,7 +519,7 @@ extension Boxkey {
             let clock = MonotonicClock()
             var link = first
             var nextKeepalive = clock.now + .milliseconds(Int(keepalive * 1000))
-            while !interrupted.withLock({ $0 }) {
+            while !interrupted.withLockedValue({ $0 }) {
                 if let move = moves.take() {
                     say("Walking to \(move.to) m over \(move.over) s…")
                     air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
@@ -550,7 +550,7 @@ extension Boxkey {
         /// Finds the box again and asks to be its presence link again (`attach`).
         func reattach(boxID: BoxID, phone: Phone, air: SocketAir, moves: SimMoves) async -> BoxLink? {
             let central = air.air.central(phone.identity.simulatedAddress, at: air.air.position(of: phone.identity.simulatedAddress) ?? radio.simPosition)
-            while !interrupted.withLock({ $0 }) {
+            while !interrupted.withLockedValue({ $0 }) {
                 if let move = moves.take() {
                     say("Walking to \(move.to) m over \(move.over) s…")
                     air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
@@ -623,7 +623,7 @@ extension Boxkey {
 
 /// Kept for the life of the process: Ctrl-C ends the presence link cleanly.
 nonisolated(unsafe) var signalSources: [any DispatchSourceSignal] = []
-let interrupted = Mutex(false)
+let interrupted = NIOLockedValueBox(false)
 
 func sessionAction(_ action: ActionResult.Action, id: String?, radio: RadioOptions) async throws {
     let phone = Phone()

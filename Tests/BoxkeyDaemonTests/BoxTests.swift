@@ -6,15 +6,15 @@ import BoxkeyRadio
 import BoxkeySimRadio
 import Foundation
 import Logging
-import Synchronization
+import NIOConcurrencyHelpers
 import Testing
 
 /// Records logind calls: a test double for the session controller (the e2e tests use
 /// python-dbusmock's logind through the real D-Bus client).
 final class RecordedSessions: SessionControl {
-    let calls = Mutex<[String]>([])
-    func lock(session: String) async throws { calls.withLock { $0.append("lock \(session)") } }
-    func terminate(session: String) async throws { calls.withLock { $0.append("terminate \(session)") } }
+    let calls = NIOLockedValueBox<[String]>([])
+    func lock(session: String) async throws { calls.withLockedValue { $0.append("lock \(session)") } }
+    func terminate(session: String) async throws { calls.withLockedValue { $0.append("terminate \(session)") } }
 }
 
 /// The real Box and RadioService on the in-process simulated air, in real time.
