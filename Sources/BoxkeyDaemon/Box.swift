@@ -16,14 +16,14 @@ enum RadioAction: Sendable {
 /// All state lives in this actor; the radio loop, the PAM bridge and the ticker call into it.
 public actor Box {
     let config: DaemonConfig
-    public let identity: BoxIdentity
+    public nonisolated let identity: BoxIdentity
     var registry: PhoneRegistry
     let sessions: any SessionControl
     let clock: any RadioClock
     let logger: Logger
     let audit: Logger
     /// What the status command reports as the radio in use.
-    public let radioDescription: String
+    public nonisolated let radioDescription: String
 
     // Radio
     var nonces = AdvertisementNonces.random()

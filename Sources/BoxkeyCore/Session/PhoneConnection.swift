@@ -76,6 +76,15 @@ public struct PhoneConnection {
         return Envelope.sealed(ciphertext).encode()
     }
 
+    /// Seals arbitrary plaintext bytes as an application message: a phone speaking a message
+    /// type this version does not know, for adversarial tests.
+    mutating func sealRawForTest(_ plaintext: [UInt8]) throws -> [UInt8] {
+        guard var channel = transport else { throw Error.closed }
+        let ciphertext = try channel.seal(SecureBytes(copying: plaintext))
+        transport = channel
+        return Envelope.sealed(ciphertext).encode()
+    }
+
     /// Handles one complete envelope from the box.
     public mutating func receive(_ bytes: [UInt8]) throws(Error) -> Event {
         guard state != .closed else { throw .closed }

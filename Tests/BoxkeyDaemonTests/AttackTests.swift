@@ -1,0 +1,180 @@
+@testable import BoxkeyCore
+@testable import BoxkeyDaemon
+import BoxkeyPAMWire
+@testable import BoxkeyPhone
+import BoxkeyRadio
+import BoxkeySimRadio
+import Foundation
+import Testing
+
+/// Attacks on the real box (Box + RadioService on the simulated air). Each test runs the
+/// attack, checks how the box answered, and then logs an honest phone in to show the box kept
+/// serving and lost nothing.
+@Suite(.serialized, .timeLimit(.minutes(1))) struct AttackTests {
+    static let box = DeviceAddress("00:B0:C5:00:48:21")!
+
+    /// A phone that writes whatever bytes it likes.
+    struct RawPhone {
+        let link: any CentralLink
+        var events: AsyncStream<LinkEvent>.Iterator
+        var reassembler = FrameReassembler()
+
+        static func connect(_ h: BoxHarness, _ n: UInt8) async throws -> RawPhone {
+            let (_, central) = h.phone(n)
+            let link = try await central.connect(to: AttackTests.box, timeout: .seconds(5))
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+            return RawPhone(link: link, events: link.events.makeAsyncIterator())
+        }
+
+        func write(_ fragments: [[UInt8]]) async throws {
+            for f in fragments { try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: false) }
+        }
+
+        func send(_ envelope: [UInt8]) async throws { try await write(try Framing.fragment(envelope, mtu: 23)) }
+
+        /// The next envelope from the box, or nil when the box disconnects.
+        mutating func receive() async -> [UInt8]? {
+            while let event = await events.next() {
+                switch event {
+                case .notification(_, let value):
+                    if let message = try? reassembler.receive(value, mtu: 23, now: .zero) { return message }
+                case .disconnected:
+                    return nil
+                }
+            }
+            return nil
+        }
+
+        mutating func expectDisconnect() async -> Bool {
+            while let event = await events.next() { if case .disconnected = event { return true } }
+            return true
+        }
+    }
+
+    /// The box's current advertisement, as a phone hears it.
+    func advert(_ h: BoxHarness) async throws -> Advertisement {
+        try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+    }
+
+    /// An honest phone logs in through a waiting prompt: the box still serves.
+    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws {
+        let (identity, central) = h.phone(n)
+        let prompt = await h.box.registerPrompt(.init(service: "login", tty: "tty\(n)", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+        let heard = try #require(try await findBox(BoxID(4821)!, pinned: h.box.identity.keyPair.publicKey, radio: central, timeout: .seconds(5)))
+        let link = try await BoxLink.open(to: heard, boxKey: h.box.identity.keyPair.publicKey, identity: identity, radio: central)
+        async let reply = h.box.awaitPush(prompt)
+        try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
+        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return }
+        #expect(user == "alice")
+        await h.box.report(prompt, accepted: true, reason: "")
+        #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
+        await link.close()
+    }
+
+    @Test func replayedHandshakeIsRefused() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            let recorded = try phone.start()
+            var first = try await RawPhone.connect(h, 0x10)
+            try await first.send(recorded)
+            let answer = try #require(await first.receive())
+            #expect(try Envelope.decode(answer).isHandshakeResponse)
+            // An attacker replays message 1 on a new connection.
+            var replay = try await RawPhone.connect(h, 0x11)
+            try await replay.send(recorded)
+            #expect(await replay.receive() == Envelope.refusal(Refusal(.replayedHandshake)).encode())
+            try await honestLogin(h)
+        }
+    }
+
+    @Test func replayedCredentialMessageIsRejected() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let key = h.box.identity.keyPair.publicKey
+            let phoneKey = KeyPair.generate()
+            // The victim's session: the attacker records its credential message.
+            var victim = PhoneConnection(identity: phoneKey, boxKey: key, advertisement: try await advert(h))
+            var a = try await RawPhone.connect(h, 0x20)
+            try await a.send(try victim.start())
+            _ = try victim.receive(try #require(await a.receive()))
+            let recorded = try victim.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "secret"), deviceName: "victim")))
+            await a.link.disconnect()
+            // The attacker opens its own channel and plays the recording into it.
+            let prompt = await h.box.registerPrompt(.init(service: "login", tty: "tty9", display: "", expectedUser: "", timeoutMilliseconds: 3000))
+            var attacker = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await advert(h))
+            var b = try await RawPhone.connect(h, 0x21)
+            try await b.send(try attacker.start())
+            _ = try attacker.receive(try #require(await b.receive()))
+            try await b.send(recorded)
+            #expect(await b.expectDisconnect())
+            // Nothing reached the prompt: it times out empty.
+            #expect(await h.box.awaitPush(prompt) == .noPush(.timedOut))
+            try await honestLogin(h)
+        }
+    }
+
+    @Test func staleAdvertisementFromARelayIsRefused() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let old = try await advert(h)
+            await h.box.rotateNonce()
+            await h.box.rotateNonce()
+            var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: old)
+            var raw = try await RawPhone.connect(h, 0x30)
+            try await raw.send(try phone.start())
+            #expect(await raw.receive() == Envelope.refusal(Refusal(.staleAdvertisement)).encode())
+            try await honestLogin(h)
+        }
+    }
+
+    @Test(arguments: [
+        ("truncated: a new message before the last ended", [[0, 0, 100] + [UInt8](repeating: 1, count: 17), [0, 0, 10, 1, 2, 3]]),
+        ("oversize declared length", [[0, 0x10, 0x00] + [UInt8](repeating: 1, count: 17)]),
+        ("duplicate fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 17), [1] + [UInt8](repeating: 1, count: 19), [1] + [UInt8](repeating: 1, count: 19)]),
+        ("out of order", [[0, 0, 60] + [UInt8](repeating: 1, count: 17), [2] + [UInt8](repeating: 1, count: 19)]),
+        ("continuation first", [[3, 1, 2, 3]]),
+        ("reserved index", [[0x80, 1]]),
+        ("empty fragment", [[]]),
+        ("garbage envelope", [[0, 0, 5, 7, 7, 7, 7, 7]]),
+    ])
+    func malformedFramesAreRefusedAndTheBoxKeepsServing(_ attack: (String, [[UInt8]])) async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            var raw = try await RawPhone.connect(h, 0x40)
+            try? await raw.write(attack.1)
+            // The box answers a broken phone with a refusal (or nothing) and disconnects it.
+            if let answer = await raw.receive() {
+                guard case .refusal = try Envelope.decode(answer) else { Issue.record("\(attack.0): \(answer)"); return }
+                #expect(await raw.expectDisconnect())
+            }
+            try await honestLogin(h)
+        }
+    }
+
+    @Test func unknownVersionAndMessageType() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var first = try phone.start()
+            first[0] = 9
+            var raw = try await RawPhone.connect(h, 0x50)
+            try await raw.send(first)
+            #expect(await raw.receive() == Envelope.refusal(Refusal(.unsupportedVersion, versions: 1...1)).encode())
+
+            // A valid channel carrying an application message type this version does not know.
+            var second = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var raw2 = try await RawPhone.connect(h, 0x51)
+            try await raw2.send(try second.start())
+            _ = try second.receive(try #require(await raw2.receive()))
+            try await raw2.send(try second.sealRawForTest([0x7e]))
+            let error = try #require(await raw2.receive())
+            #expect(throws: PhoneConnection.Error.boxError(ChannelError(.malformed, detail: "unknownType(126)"))) { try second.receive(error) }
+            try await honestLogin(h)
+        }
+    }
+}
+
+extension Envelope {
+    var isHandshakeResponse: Bool { if case .handshakeResponse = self { true } else { false } }
+}
