@@ -263,3 +263,34 @@ def test_background_presence_link(world):
     os.kill(pid, 2)
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
     wait_for(lambda: "background" not in world.phone("status").stdout, what="pid file removed")
+
+
+def test_truncated_vault_is_reported(world):
+    world.start_box()
+    world.pair_and_store()
+    path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 5 and "modified outside boxkey" in r.stderr
+
+
+def test_rolled_back_vault_still_costs_argon2id_per_guess(world):
+    """Restoring an old copy of the vault resets the wrong-PIN counter: a Linux device has no
+    tamper-proof storage to prevent that (docs/threat-model.md). What the attacker still pays is
+    one Argon2id derivation per guess, at least 0.25 s and 64 MiB."""
+    world.start_box()
+    world.pair_and_store()
+    assert world.phone("pin", "set", stdin="2468\n").returncode == 0
+    path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
+    snapshot = open(path, "rb").read()
+    now = 1_800_000_000
+    for _ in range(5):
+        assert world.phone("login", "--no-stay", stdin="1111\n", extra_env={"BOXKEY_TEST_NOW": str(now)}).returncode == 5
+    locked = world.phone("login", "--no-stay", stdin="1111\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
+    assert "try again after" in locked.stderr
+    open(path, "wb").write(snapshot)  # the attacker rolls the file back
+    start = time.monotonic()
+    r = world.phone("login", "--no-stay", stdin="1111\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
+    assert r.returncode == 5 and "9 attempts left" in r.stderr
+    assert time.monotonic() - start >= 0.25

@@ -66,3 +66,31 @@ def test_pam_socket_refuses_other_users(world):
                        capture_output=True, text=True, timeout=20)
     assert r.stdout.strip() == "0", r.stdout + r.stderr
     assert "not root" in world.box_output()
+
+
+def test_processes_holding_secrets_are_not_dumpable(world):
+    """PR_SET_DUMPABLE 0: the kernel then hands /proc/PID of an unprivileged process to root,
+    so no core file and no same-user ptrace can read its memory."""
+    import pathlib
+    import tempfile
+    import time
+    base = pathlib.Path(tempfile.mkdtemp(prefix="boxkey-nobody-"))  # pytest's tmp_path is root-only
+    os.chmod(base, 0o755)
+    home = base / "home"
+    home.mkdir()
+    os.chmod(home, 0o777)
+    env = dict(world.env, HOME=str(home), XDG_CONFIG_HOME=str(home / "c"), XDG_DATA_HOME=str(home / "d"),
+               BOXKEY_SIM_DIR=str(home / "air"))
+    p = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", world.bins["boxkey"], "scan", "--seconds", "3"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    control = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "3"])
+    try:
+        time.sleep(1.5)
+        assert p.poll() is None
+        real_uid = re.search(r"^Uid:\s+(\d+)", open(f"/proc/{p.pid}/status").read(), re.M).group(1)
+        assert real_uid == "65534"                                # boxkey runs as nobody...
+        assert os.stat(f"/proc/{p.pid}/mem").st_uid == 0          # ...but its memory belongs to root: not dumpable
+        assert os.stat(f"/proc/{control.pid}/mem").st_uid == 65534  # an ordinary process of nobody's
+    finally:
+        p.wait(10)
+        control.wait(10)
