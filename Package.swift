@@ -52,7 +52,7 @@ let package = Package(
         ),
 
         // The radio interface both transports implement (BlueZ, simulated).
-        .target(name: "BoxkeyRadio"),
+        .target(name: "BoxkeyRadio", dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
 
         // The simulated radio: in-process and between processes on one machine.
         .target(name: "BoxkeySimRadio", dependencies: [

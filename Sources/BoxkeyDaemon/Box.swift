@@ -52,7 +52,7 @@ public actor Box {
     var rejectedTotal: RateLimiter<String>
 
     /// Wakes the timer loop when a new deadline appears.
-    let doorbell = Doorbell()
+    let doorbell = ChangeSignal()
     /// While the timer loop runs `tick`, new deadlines need no ring: the loop asks for the next
     /// deadline right after. (Ringing from inside a tick made the loop spin while a phone was
     /// connected.)
@@ -586,12 +586,12 @@ public actor Box {
     }
 
     private func wakeTimers() {
-        if !ticking { doorbell.ring() }
+        if !ticking { doorbell.signal() }
     }
 
     public func shutdown() {
         for id in Array(prompts.keys) { resolve(id, .noPush(.shuttingDown)) }
         outboxContinuation.finish()
-        doorbell.ring()
+        doorbell.signal()
     }
 }

@@ -71,12 +71,14 @@ public struct RadioService: Service, CustomStringConvertible {
     /// no timer of its own but the nonce rotation.
     private func runTimers() async {
         while !Task.isCancelled {
+            // A ring after this point (a new deadline) ends the wait below at once.
+            let seen = box.doorbell.version
             let due = await box.tick()
             for id in due {
                 if let rssi = try? await peripheral.rssi(of: id) { await box.rssiSample(id, rssi, now: clock.now) }
             }
             let deadline = await box.nextDeadline().map { max($0, clock.now + .milliseconds(5)) }
-            await box.doorbell.wait(until: deadline, clock: clock)
+            await box.doorbell.wait(since: seen, until: deadline, clock: clock)
         }
     }
 }

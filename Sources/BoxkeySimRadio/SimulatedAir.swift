@@ -22,6 +22,8 @@ public final class SimulatedAir: Sendable {
     public let clock: any RadioClock
     public let pacing: Pacing
     let state: NIOLockedValueBox<AirState>
+    /// Advertisers appearing, changing or moving: scanners look again.
+    let changes = ChangeSignal()
 
     public init(parameters: SimulationParameters = SimulationParameters(), clock: any RadioClock = MonotonicClock(), pacing: Pacing = .realTime) {
         self.parameters = parameters
@@ -183,39 +185,13 @@ public final class SimulatedAir: Sendable {
 
     // MARK: Change notification for scanners
 
-    func signalChange() {
-        let waiters = state.withLockedValue { s -> [CheckedContinuation<Void, Never>] in
-            defer { s.changeWaiters = [:] }
-            s.changeVersion &+= 1
-            return Array(s.changeWaiters.values)
-        }
-        waiters.forEach { $0.resume() }
-    }
+    func signalChange() { changes.signal() }
 
-    var changeVersion: UInt64 { state.withLockedValue { $0.changeVersion } }
+    var changeVersion: UInt64 { changes.version }
 
     /// Waits until something scanners care about changes after `version`, or until `deadline`.
     func waitForChange(since version: UInt64, orUntil deadline: Duration) async {
-        let id = state.withLockedValue { s -> UInt64 in s.nextWaiter &+= 1; return s.nextWaiter }
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { [self] in
-                await withTaskCancellationHandler {
-                    await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                        let now = state.withLockedValue { s -> Bool in
-                            if s.changeVersion != version || Task.isCancelled { return true }
-                            s.changeWaiters[id] = c
-                            return false
-                        }
-                        if now { c.resume() }
-                    }
-                } onCancel: { [self] in
-                    state.withLockedValue { $0.changeWaiters.removeValue(forKey: id) }?.resume()
-                }
-            }
-            group.addTask { [clock] in try? await clock.sleep(until: deadline) }
-            await group.next()
-            group.cancelAll()
-        }
+        await changes.wait(since: version, until: deadline, clock: clock)
     }
 }
 
@@ -252,9 +228,6 @@ struct AirState {
     var links: [UInt64: SimLink] = [:]
     var nextConnection: UInt64 = 0
     var rng: SeededGenerator
-    var changeVersion: UInt64 = 0
-    var changeWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
-    var nextWaiter: UInt64 = 0
     var remoteCentrals: [UInt64: any RemoteCentral] = [:]
     /// Set by `SocketAir`: publishes a local peripheral's state for other processes.
     var onPeripheralChange: (@Sendable (DeviceAddress) -> Void)?

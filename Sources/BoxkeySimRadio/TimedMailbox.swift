@@ -15,12 +15,10 @@ final class TimedMailbox<Item: Sendable>: Sendable {
     private struct State {
         var entries: [Entry] = []
         var closed = false
-        var waiter: CheckedContinuation<Void, Never>?
-        /// Bumped on every change, so a consumer never sleeps through one it did not see.
-        var version: UInt64 = 0
     }
 
     private let state = NIOLockedValueBox(State())
+    private let changes = ChangeSignal()
     private let clock: any RadioClock
     private let pacing: Pacing
 
@@ -31,20 +29,18 @@ final class TimedMailbox<Item: Sendable>: Sendable {
 
     /// Adds an item, keeping time order (stable for equal times).
     func push(_ item: Item, at time: Duration, waitsForClock: Bool = false, tag: UInt64? = nil) {
-        let waiter = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
-            guard !s.closed else { return nil }
+        state.withLockedValue { s in
+            guard !s.closed else { return }
             let index = s.entries.lastIndex { $0.time <= time }.map { $0 + 1 } ?? 0
             s.entries.insert(Entry(time: time, item: item, waitsForClock: waitsForClock, tag: tag), at: index)
-            s.version &+= 1
-            defer { s.waiter = nil }
-            return s.waiter
         }
-        waiter?.resume()
+        changes.signal()
     }
 
     /// Removes pending items carrying `tag`.
     func remove(tag: UInt64) {
         state.withLockedValue { $0.entries.removeAll { $0.tag == tag } }
+        changes.signal()
     }
 
     /// Removes and returns pending items due after `time` (for traffic that a lost link never
@@ -59,58 +55,29 @@ final class TimedMailbox<Item: Sendable>: Sendable {
 
     /// No more items after those queued.
     func close() {
-        let waiter = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
-            s.closed = true
-            s.version &+= 1
-            defer { s.waiter = nil }
-            return s.waiter
-        }
-        waiter?.resume()
+        state.withLockedValue { $0.closed = true }
+        changes.signal()
     }
 
-    private enum Step { case deliver(Item), wait(Duration?, UInt64), finished }
+    private enum Step { case deliver(Item), wait(Duration?), finished }
 
     /// The next item when it is due, or nil once closed and drained (or on cancellation).
     func next() async -> Item? {
         while !Task.isCancelled {
+            let version = changes.version
             let now = clock.now
             let step = state.withLockedValue { s -> Step in
-                guard let head = s.entries.first else { return s.closed ? .finished : .wait(nil, s.version) }
+                guard let head = s.entries.first else { return s.closed ? .finished : .wait(nil) }
                 let due = head.time <= now || (pacing == .instant && !head.waitsForClock)
                 if due { s.entries.removeFirst(); return .deliver(head.item) }
-                return .wait(head.time, s.version)
+                return .wait(head.time)
             }
             switch step {
             case .deliver(let item): return item
             case .finished: return nil
-            case .wait(let deadline, let version): await waitForChange(since: version, orUntil: deadline)
+            case .wait(let deadline): await changes.wait(since: version, until: deadline, clock: clock)
             }
         }
         return nil
-    }
-
-    private func waitForChange(since version: UInt64, orUntil deadline: Duration?) async {
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { [self] in
-                await withTaskCancellationHandler {
-                    await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                        let resumeNow = state.withLockedValue { s -> Bool in
-                            if Task.isCancelled || s.closed || s.version != version { return true }
-                            s.waiter = c
-                            return false
-                        }
-                        if resumeNow { c.resume() }
-                    }
-                } onCancel: { [self] in
-                    let w = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in defer { s.waiter = nil }; return s.waiter }
-                    w?.resume()
-                }
-            }
-            if let deadline {
-                group.addTask { [clock] in try? await clock.sleep(until: deadline) }
-            }
-            await group.next()
-            group.cancelAll()
-        }
     }
 }
