@@ -56,20 +56,7 @@ import Testing
         try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
     }
 
-    /// An honest phone logs in through a waiting prompt: the box still serves.
-    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws {
-        let (identity, central) = h.phone(n)
-        let prompt = await h.box.registerPrompt(.init(service: "login", tty: "tty\(n)", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
-        let heard = try #require(try await findBox(BoxID(4821)!, pinned: h.box.identity.keyPair.publicKey, radio: central, timeout: .seconds(5)))
-        let link = try await BoxLink.open(to: heard, boxKey: h.box.identity.keyPair.publicKey, identity: identity, radio: central)
-        async let reply = h.box.awaitPush(prompt)
-        try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
-        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return }
-        #expect(user == "alice")
-        await h.box.report(prompt, accepted: true, reason: "")
-        #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
-        await link.close()
-    }
+    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws { try await h.honestLogin(n) }
 
     @Test func replayedHandshakeIsRefused() async throws {
         let h = try BoxHarness()

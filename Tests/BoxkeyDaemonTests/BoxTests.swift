@@ -44,6 +44,22 @@ struct BoxHarness {
         return (identity, air.central(DeviceAddress(String(format: "00:50:48:00:00:%02X", n))!, at: 1))
     }
 
+    /// An honest phone logs in through a waiting prompt: proof that the box still serves.
+    func honestLogin(_ n: UInt8 = 0x01) async throws {
+        let (identity, central) = phone(n)
+        let key = box.identity.keyPair.publicKey
+        let prompt = await box.registerPrompt(.init(service: "login", tty: "tty\(n)", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        async let reply = box.awaitPush(prompt)
+        try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
+        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return }
+        #expect(user == "alice")
+        await box.report(prompt, accepted: true, reason: "")
+        #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
+        await link.close()
+    }
+
     /// Runs `body` with the box serving.
     func run(_ body: @Sendable @escaping () async throws -> Void) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -74,17 +90,7 @@ struct BoxHarness {
             #expect(await events.next() == .disconnected(.remoteUser))
 
             // Another phone, meanwhile, logs in.
-            let (identity, central) = h.phone(0x01)
-            let prompt = await h.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
-            let heard = try #require(try await findBox(BoxID(4821)!, pinned: h.box.identity.keyPair.publicKey, radio: central, timeout: .seconds(5)))
-            let link = try await BoxLink.open(to: heard, boxKey: h.box.identity.keyPair.publicKey, identity: identity, radio: central)
-            async let reply = h.box.awaitPush(prompt)
-            try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
-            guard case .push(let user, _) = await reply else { Issue.record("no push"); return }
-            #expect(user == "alice")
-            await h.box.report(prompt, accepted: true, reason: "")
-            #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
-            await link.close()
+            try await h.honestLogin()
         }
     }
 
