@@ -21,6 +21,7 @@ final class RecordedSessions: SessionControl {
 struct BoxHarness {
     let air = SimulatedAir(clock: MonotonicClock(), pacing: .realTime)
     let box: Box
+    let sessions = RecordedSessions()
     let service: RadioService
     let state: String
 
@@ -33,7 +34,7 @@ struct BoxHarness {
         let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
         var logger = Logger(label: "test")
         logger.logLevel = .critical
-        box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: RecordedSessions(),
+        box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
                   clock: MonotonicClock(), logger: logger, radioDescription: "test air")
         service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
                                clock: MonotonicClock(), logger: logger)
@@ -45,7 +46,9 @@ struct BoxHarness {
     }
 
     /// An honest phone logs in through a waiting prompt: proof that the box still serves.
-    func honestLogin(_ n: UInt8 = 0x01) async throws {
+    /// Returns the link, which stays the presence link unless closed.
+    @discardableResult
+    func honestLogin(_ n: UInt8 = 0x01, keep: Bool = false) async throws -> BoxLink? {
         let (identity, central) = phone(n)
         let key = box.identity.keyPair.publicKey
         let prompt = await box.registerPrompt(.init(service: "login", tty: "tty\(n)", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
@@ -53,11 +56,13 @@ struct BoxHarness {
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
         async let reply = box.awaitPush(prompt)
         try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
-        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return }
+        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return nil }
         #expect(user == "alice")
         await box.report(prompt, accepted: true, reason: "")
         #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
+        if keep { return link }
         await link.close()
+        return nil
     }
 
     /// Runs `body` with the box serving.
@@ -106,6 +111,54 @@ struct BoxHarness {
             // Nothing is due for 30 s: the timer loop sleeps (it used to spin thousands of times).
             #expect(during <= 2, "\(during) timer runs in one idle second")
             await link.disconnect()
+        }
+    }
+
+    @Test func weakSignalForLongEnoughLocksWithoutLosingTheLink() async throws {
+        let h = try BoxHarness { c in
+            c.rssiInterval = .milliseconds(100)
+            c.rssiSamples = 5
+            c.awayAfter = .milliseconds(500)
+        }
+        try await h.run {
+            let link = try #require(try await h.honestLogin(0x31, keep: true))
+            await h.box.openSession(user: "alice", sessionID: "42", service: "login")
+            let phone = DeviceAddress("00:50:48:00:00:31")!
+            // Near the box: a second of strong signal changes nothing.
+            try await Task.sleep(for: .seconds(1))
+            #expect(h.sessions.calls.withLockedValue { $0 }.isEmpty)
+            // 15 m: still in range (30 m) but about -88 dBm, below the -80 dBm lock threshold.
+            h.air.move(phone, to: 15)
+            let clock = MonotonicClock()
+            let start = clock.now
+            while h.sessions.calls.withLockedValue({ $0 }).isEmpty, clock.now - start < .seconds(5) {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            let took = clock.now - start
+            #expect(h.sessions.calls.withLockedValue { $0 } == ["lock 42"])
+            // Five samples to fill the mean, then half a second below the threshold.
+            #expect(took >= .milliseconds(500) && took < .seconds(3), "locked after \(took)")
+            await link.close()
+        }
+    }
+
+    @Test func briefDipThenComingCloseCancelsTheCountdown() async throws {
+        let h = try BoxHarness { c in
+            c.rssiInterval = .milliseconds(100)
+            c.rssiSamples = 5
+            c.awayAfter = .milliseconds(1500)
+        }
+        try await h.run {
+            let link = try #require(try await h.honestLogin(0x32, keep: true))
+            await h.box.openSession(user: "alice", sessionID: "43", service: "login")
+            let phone = DeviceAddress("00:50:48:00:00:32")!
+            // Below -80 dBm long enough for all five samples: the countdown starts (~0.5 s in).
+            h.air.move(phone, to: 15)
+            try await Task.sleep(for: .milliseconds(800))
+            h.air.move(phone, to: 0.5)          // about -52 dBm: above the -60 dBm return threshold
+            try await Task.sleep(for: .seconds(2.5))
+            #expect(h.sessions.calls.withLockedValue { $0 }.isEmpty)
+            await link.close()
         }
     }
 
