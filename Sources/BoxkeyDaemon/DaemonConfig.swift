@@ -60,6 +60,7 @@ public struct DaemonConfig: Sendable, Equatable {
     /// Parses and validates; unknown sections and keys are errors, so a typo never silently
     /// falls back to a default.
     public static func parse(_ text: String, source: String = "config") throws -> DaemonConfig {
+        try checkLines(text, source: source)
         let table: TOMLTable
         do { table = try TOMLTable(string: text) } catch {
             throw Error("\(source): not valid TOML: \(error)")
@@ -124,6 +125,57 @@ public struct DaemonConfig: Sendable, Equatable {
             c.maxPromptWait = try reader.seconds(t, "pam", "max_wait_s", 5...3600) ?? c.maxPromptWait
         }
         return c
+    }
+
+    /// The file is the flat subset of TOML that boxkeyd uses: `[section]`, `key = value` where
+    /// the value is a string without escapes, a number, true/false or a list of whole numbers,
+    /// and comments. Every line must fit before TOMLKit sees the text: its bundled toml++ aborts
+    /// the process on some malformed input (`Fuzz/regressions/`), and a config error must be
+    /// an error message, not a crash.
+    static func checkLines(_ text: String, source: String) throws {
+        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            var line = Substring(raw.hasSuffix("\r") ? raw.dropLast() : raw)
+            line = line.drop { $0 == " " || $0 == "\t" }
+            while let last = line.last, last == " " || last == "\t" { line = line.dropLast() }
+            guard !line.isEmpty, line.first != "#" else { continue }
+            guard isFlatTOML(line) else {
+                throw Error("\(source) line \(number + 1): not understood: \(String(line.prefix(60)))")
+            }
+        }
+    }
+
+    private static func isFlatTOML(_ line: Substring) -> Bool {
+        func isName(_ s: Substring) -> Bool { !s.isEmpty && s.allSatisfy { $0 == "_" || ($0.isASCII && ($0.isLowercase || $0.isNumber)) } }
+        func trimmed(_ s: Substring) -> Substring {
+            var t = s.drop { $0 == " " || $0 == "\t" }
+            while let last = t.last, last == " " || last == "\t" { t = t.dropLast() }
+            return t
+        }
+        // A comment may end any line; no value of ours contains '#'.
+        let body = trimmed(line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
+        if body.first == "[" {
+            return body.last == "]" && isName(body.dropFirst().dropLast())
+        }
+        guard let equals = body.firstIndex(of: "=") else { return false }
+        guard isName(trimmed(body[..<equals])) else { return false }
+        let value = trimmed(body[body.index(after: equals)...])
+        func isNumber(_ v: Substring) -> Bool {
+            let digits = v.hasPrefix("-") ? v.dropFirst() : v
+            let parts = digits.split(separator: ".", omittingEmptySubsequences: false)
+            return (1...2).contains(parts.count) && parts.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+        }
+        if value.hasPrefix("\"") {
+            let inner = value.dropFirst()
+            guard inner.last == "\"" else { return false }
+            return inner.dropLast().allSatisfy { $0 != "\"" && $0 != "\\" && !($0.asciiValue.map { $0 < 0x20 || $0 == 0x7f } ?? false) }
+        }
+        if value == "true" || value == "false" { return true }
+        if value.hasPrefix("[") {
+            guard value.last == "]" else { return false }
+            let items = value.dropFirst().dropLast().split(separator: ",", omittingEmptySubsequences: false).map(trimmed)
+            return items == [""] || items.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+        }
+        return isNumber(value)
     }
 
     private struct Reader {
