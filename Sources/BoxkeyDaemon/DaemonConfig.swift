@@ -133,8 +133,15 @@ public struct DaemonConfig: Sendable, Equatable {
     /// the process on some malformed input (`Fuzz/regressions/`), and a config error must be
     /// an error message, not a crash.
     static func checkLines(_ text: String, source: String) throws {
-        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            var line = Substring(raw.hasSuffix("\r") ? raw.dropLast() : raw)
+        // No control characters but tab and line ends: a lone CR would hide line breaks from
+        // this check while the TOML parser sees them.
+        for scalar in text.unicodeScalars where (scalar.value < 0x20 && scalar != "\t" && scalar != "\n" && scalar != "\r") || scalar.value == 0x7f {
+            throw Error("\(source): control character U+\(String(scalar.value, radix: 16, uppercase: true)) in the file")
+        }
+        // "\r\n" is one Character in Swift: split at it as well as at "\n".
+        for (number, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r\n" }).enumerated() {
+            if raw.contains("\r") { throw Error("\(source) line \(number + 1): a carriage return without a line feed") }
+            var line = Substring(raw)
             line = line.drop { $0 == " " || $0 == "\t" }
             while let last = line.last, last == " " || last == "\t" { line = line.dropLast() }
             guard !line.isEmpty, line.first != "#" else { continue }

@@ -21,9 +21,14 @@ import Testing
 
     /// Inputs that made TOMLKit's toml++ abort the process (Fuzz/regressions/) and their kin:
     /// each is an error naming the line, never a crash.
-    @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3"])
+    @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3",
+                     "#[b\r\n[@b\r\n", "#[b\r\n[#+", "# a\r[)x]", "[box]\u{7}"])
     func malformedLinesAreErrorsNotCrashes(_ text: String) {
         #expect(throws: DaemonConfig.Error.self) { try DaemonConfig.parse(text) }
+    }
+
+    @Test func windowsLineEndingsAreFine() throws {
+        #expect(try DaemonConfig.parse("[box]\r\nid = \"4821\"\r\n").boxID?.description == "4821")
     }
 
     @Test func unknownKeysAndBadValuesAreNamed() {
