@@ -220,9 +220,12 @@ public struct DaemonConfig: Sendable, Equatable {
         /// A whole number of milliseconds, or of seconds with `scale: 1000` (fractions allowed).
         func milliseconds(_ t: TOMLTable, _ s: String, _ k: String, _ range: ClosedRange<Int>, scale: Double = 1) throws -> Duration? {
             guard let v = try double(t, s, k) else { return nil }
-            let ms = Int((v * scale).rounded())
-            guard range.contains(ms) else { throw Error("\(source): [\(s)] \(k) is out of range") }
-            return .milliseconds(ms)
+            // Check in Double first: converting a huge value to Int would trap.
+            let scaled = (v * scale).rounded()
+            guard scaled.isFinite, scaled >= Double(range.lowerBound), scaled <= Double(range.upperBound) else {
+                throw Error("\(source): [\(s)] \(k) is out of range")
+            }
+            return .milliseconds(Int(scaled))
         }
     }
 }

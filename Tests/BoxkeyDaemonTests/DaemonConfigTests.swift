@@ -22,7 +22,8 @@ import Testing
     /// Inputs that made TOMLKit's toml++ abort the process (Fuzz/regressions/) and their kin:
     /// each is an error naming the line, never a crash.
     @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3",
-                     "#[b\r\n[@b\r\n", "#[b\r\n[#+", "# a\r[)x]", "[box]\u{7}"])
+                     "#[b\r\n[@b\r\n", "#[b\r\n[#+", "# a\r[)x]", "[box]\u{7}",
+                     "[presence]\ngrace_s = 6666666666666666666666666666666666666666666666666666666666662.5"])
     func malformedLinesAreErrorsNotCrashes(_ text: String) {
         #expect(throws: DaemonConfig.Error.self) { try DaemonConfig.parse(text) }
     }
