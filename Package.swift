@@ -45,6 +45,18 @@ let package = Package(
         // Linux calls that need _GNU_SOURCE (SO_PEERCRED, PR_SET_DUMPABLE).
         .target(name: "CBoxkeySys"),
 
+        // A small D-Bus layer over libdbus-1: calls, signals, exported objects, fd passing.
+        .target(name: "BoxkeyDBus", dependencies: ["CDBus", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
+
+        // libbluetooth, for what BlueZ's D-Bus API lacks (connected-link RSSI).
+        .target(name: "CBoxkeyHCI", linkerSettings: [.linkedLibrary("bluetooth")]),
+
+        // The radio interface over BlueZ's D-Bus API.
+        .target(name: "BoxkeyBlueZ", dependencies: [
+            "BoxkeyDBus", "BoxkeyRadio", "CBoxkeyHCI",
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ]),
+
         // The pure core: no sockets, no D-Bus, no clocks of its own (time is passed in).
         .target(
             name: "BoxkeyCore",
@@ -101,7 +113,7 @@ let package = Package(
 
         .testTarget(
             name: "BoxkeyRadioTests",
-            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer"]
+            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus"]
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",

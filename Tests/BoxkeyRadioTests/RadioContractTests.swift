@@ -27,9 +27,10 @@ import Testing
         try await link.write(TestService.request, value: [1, 2, 3], withResponse: false)
         try await link.write(TestService.request, value: [4, 5], withResponse: true)
         var values: [[UInt8]] = []
+        let linkMTU = await link.mtu
         for await e in pair.peripheral.events {
             if case .wrote(let who, let c, let v, let mtu) = e {
-                #expect(who == central && c == TestService.request && mtu == 23)
+                #expect(who == central && c == TestService.request && mtu == linkMTU)
                 values.append(v)
             }
             if values.count == 2 { break }
@@ -39,8 +40,10 @@ import Testing
         try await pair.peripheral.notify(central, characteristic: TestService.response, value: [0xAB])
         var events = link.events.makeAsyncIterator()
         #expect(await events.next() == .notification(characteristic: TestService.response, value: [0xAB]))
-        #expect(try await link.rssi() < -40)
-        #expect(try await pair.peripheral.rssi(of: central) < -40)
+        if backend.modelsRadio {
+            #expect(try await link.rssi() < -40)
+            #expect(try await pair.peripheral.rssi(of: central) < -40)
+        }
 
         // The central hangs up: it sees localHost, the peripheral remoteUser.
         await link.disconnect()
@@ -50,7 +53,9 @@ import Testing
         _ = pair.owner
     }
 
-    @Test(arguments: Backend.allCases)
+    // bluezoo 1.0.2 cannot disconnect from the peripheral's side (its Device1 there has no peer
+    // and Disconnect raises); the VM lab covers this against real BlueZ.
+    @Test(arguments: Backend.allCases.filter { $0 != .bluezoo })
     func peripheralHangsUp(_ backend: Backend) async throws {
         let pair = try await makeRadioPair(backend)
         guard case .connected(let central, _) = await firstEvent(pair.peripheral.events, where: { _ in true }) else {
@@ -70,10 +75,14 @@ import Testing
         parameters.centralMTU = 247
         parameters.peripheralMTU = 247
         let pair = try await makeRadioPair(backend, parameters: parameters)
-        #expect(await pair.link.mtu == 247)
+        let mtu = await pair.link.mtu
+        if backend.modelsRadio { #expect(mtu == 247) }
         let message = (0..<4096).map { UInt8(truncatingIfNeeded: $0 * 7) }
-        for start in stride(from: 0, to: message.count, by: 244) {
-            try await pair.link.write(TestService.request, value: Array(message[start..<min(start + 244, message.count)]), withResponse: false)
+        for start in stride(from: 0, to: message.count, by: mtu - 3) {
+            try await pair.link.write(TestService.request, value: Array(message[start..<min(start + mtu - 3, message.count)]), withResponse: false)
+        }
+        await #expect(throws: RadioError.invalidLength(length: mtu - 2, limit: mtu - 3)) {
+            try await pair.link.write(TestService.request, value: [UInt8](repeating: 0, count: mtu - 2), withResponse: false)
         }
         var received: [UInt8] = []
         for await e in pair.peripheral.events {

@@ -1,3 +1,4 @@
+import BoxkeyBlueZ
 import BoxkeyRadio
 import BoxkeySimRadio
 import Foundation
@@ -33,6 +34,12 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
     case inProcess
     /// Two `SocketAir`s talking through Unix sockets in a private directory, real clock.
     case crossProcess
+    /// The BlueZ transport against bluezoo (a BlueZ D-Bus mock) on a private bus: real D-Bus
+    /// calls, signals and exported objects; no radio timing, RSSI or MTU limits.
+    case bluezoo
+
+    /// Whether the backend models the radio (timing, RSSI, MTU); bluezoo models only the API.
+    var modelsRadio: Bool { self != .bluezoo }
 
     var testDescription: String { rawValue }
 }
@@ -64,6 +71,39 @@ func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = Simula
         try await world.start()
         let link = try await world.central.connect(to: boxAddress, timeout: .seconds(5))
         return RadioPair(peripheral: world.peripheral, central: world.central, link: link, clock: MonotonicClock(), parameters: parameters, owner: world)
+    case .bluezoo:
+        let world = try await BluezooWorld()
+        let peripheral = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
+        let central = try await BlueZCentral(adapter: "hci1", bus: world.bus.bus)
+        try await peripheral.publish(TestService.definition)
+        try await peripheral.advertise(TestService.advertising)
+        // BlueZ connects only to a device it has discovered.
+        for try await r in central.scan(ScanFilter(serviceUUIDs: [TestService.service])) where r.address == boxAddress { break }
+        let link = try await central.connect(to: boxAddress, timeout: .seconds(10))
+        return RadioPair(peripheral: peripheral, central: central, link: link, clock: MonotonicClock(), parameters: parameters,
+                         owner: BlueZPair(world: world, peripheral: peripheral, central: central))
+    }
+}
+
+/// Closes the BlueZ radios before bluezoo and the bus go.
+final class BlueZPair: @unchecked Sendable {
+    let world: BluezooWorld
+    let peripheral: BlueZPeripheral
+    let central: BlueZCentral
+
+    init(world: BluezooWorld, peripheral: BlueZPeripheral, central: BlueZCentral) {
+        self.world = world
+        self.peripheral = peripheral
+        self.central = central
+    }
+
+    deinit {
+        central.close()
+        // bluezoo and the bus stay until the peripheral has unregistered.
+        Task { [peripheral, world] in
+            await peripheral.close()
+            _ = world
+        }
     }
 }
 

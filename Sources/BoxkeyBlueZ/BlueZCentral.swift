@@ -1,0 +1,276 @@
+import BoxkeyDBus
+import BoxkeyRadio
+import CBoxkeyHCI
+import NIOConcurrencyHelpers
+
+/// The phone's radio through BlueZ: discovery with `Adapter1.SetDiscoveryFilter` and
+/// `StartDiscovery`, results from `Device1` properties, links through `Device1.Connect`.
+public final class BlueZCentral: CentralRadio, @unchecked Sendable {
+    public let address: DeviceAddress
+    public let adapter: BlueZAdapter
+    let objects: BlueZObjects
+    let bus: DBusConnection
+    private let clock = MonotonicClock()
+
+    public init(adapter adapterName: String? = nil, bus busKind: DBusConnection.Bus = .system) async throws {
+        do { bus = try DBusConnection(busKind) } catch { throw RadioError.unavailable("cannot reach the system bus: \(error)") }
+        do {
+            objects = try await BlueZObjects(bus: bus)
+            adapter = try await BlueZAdapter.choose(adapterName, in: objects)
+        } catch {
+            bus.close()
+            throw BlueZ.radioError(error)
+        }
+        address = adapter.address
+    }
+
+    public func close() {
+        objects.close()
+        bus.close()
+    }
+
+    public func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> {
+        let (stream, continuation) = AsyncThrowingStream<ScanResult, any Error>.makeStream()
+        let task = Task { [self] in
+            let changes = objects.changes()
+            var discovery: [String: DBusValue] = ["Transport": .string("le"), "DuplicateData": .bool(filter.duplicates)]
+            if !filter.serviceUUIDs.isEmpty { discovery["UUIDs"] = .strings(filter.serviceUUIDs) }
+            if let rssi = filter.minimumRSSI { discovery["RSSI"] = .int16(Int16(clamping: rssi)) }
+            do {
+                try await BlueZ.retrying {
+                    _ = try await bus.call(BlueZ.service, adapter.path, BlueZ.adapter, "SetDiscoveryFilter", [.vardict(discovery)], timeout: .seconds(5))
+                    _ = try await bus.call(BlueZ.service, adapter.path, BlueZ.adapter, "StartDiscovery", timeout: .seconds(5))
+                }
+            } catch {
+                continuation.finish(throwing: BlueZ.radioError(error))
+                return
+            }
+            // Devices BlueZ already knows carry an RSSI only if heard in this discovery.
+            for (path, props) in objects.objects(with: BlueZ.device, under: adapter.path + "/") {
+                if let r = result(path, props, filter) { continuation.yield(r) }
+            }
+            for await change in changes {
+                switch change {
+                case .added(let path, let interfaces) where interfaces.contains(BlueZ.device):
+                    if path.hasPrefix(adapter.path + "/"), let props = objects.properties(path, BlueZ.device), let r = result(path, props, filter) {
+                        continuation.yield(r)
+                    }
+                case .changed(let path, BlueZ.device, let changed) where path.hasPrefix(adapter.path + "/"):
+                    guard changed["RSSI"] != nil || changed["ManufacturerData"] != nil || changed["UUIDs"] != nil,
+                          let props = objects.properties(path, BlueZ.device) else { continue }
+                    if let r = result(path, props, filter) { continuation.yield(r) }
+                case .service(present: false):
+                    continuation.finish(throwing: RadioError.unavailable("bluetoothd stopped"))
+                    return
+                case .changed(adapter.path, BlueZ.adapter, let props) where props["Powered"]?.bool == false:
+                    continuation.finish(throwing: RadioError.unavailable("adapter \(adapter.name) was powered off"))
+                    return
+                default:
+                    continue
+                }
+            }
+        }
+        continuation.onTermination = { [bus, adapter] _ in
+            task.cancel()
+            bus.send(BlueZ.service, adapter.path, BlueZ.adapter, "StopDiscovery", [])
+        }
+        return stream
+    }
+
+    private func result(_ path: String, _ props: [String: DBusValue], _ filter: ScanFilter) -> ScanResult? {
+        guard let rssi = props["RSSI"]?.int, let a = props["Address"]?.string.flatMap(DeviceAddress.init) else { return nil }
+        var manufacturer: [UInt16: [UInt8]] = [:]
+        for (k, v) in props["ManufacturerData"]?.entries ?? [] {
+            if let id = k.int, let bytes = v.unwrapped.bytes { manufacturer[UInt16(truncatingIfNeeded: id)] = bytes }
+        }
+        let data = AdvertisingData(serviceUUIDs: props["UUIDs"]?.strings ?? [], manufacturerData: manufacturer, localName: props["Name"]?.string)
+        guard filter.matches(data, rssi: rssi) else { return nil }
+        return ScanResult(address: a, rssi: rssi, advertisement: data, timestamp: clock.now)
+    }
+
+    public func connect(to peer: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
+        let path = BlueZ.devicePath(adapter: adapter.path, peer)
+        guard objects.properties(path, BlueZ.device) != nil else { throw RadioError.deviceNotFound(peer) }
+        let link = BlueZLink(central: self, peer: peer, path: path)
+        let deadline = clock.now + timeout
+        do {
+            if objects.properties(path, BlueZ.device)?["Connected"]?.bool != true {
+                try await BlueZ.retrying {
+                    _ = try await bus.call(BlueZ.service, path, BlueZ.device, "Connect", timeout: max(deadline - clock.now, .milliseconds(1)))
+                }
+            }
+            try await link.waitForServices(until: deadline)
+        } catch {
+            await link.disconnect()
+            switch BlueZ.radioError(error) {
+            case .timedOut: throw RadioError.timedOut
+            case .stack(let name, let message): throw RadioError.connectionFailed("\(name): \(message)")
+            case let other: throw other
+            }
+        }
+        return link
+    }
+
+    func rssi(of peer: DeviceAddress) throws -> Int {
+        var value: Int8 = 0
+        let result = boxkey_hci_read_rssi(adapter.name, peer.string, &value)
+        guard result == 0 else { throw RadioError.stack(name: "HCI Read RSSI", message: "errno \(-result)") }
+        return Int(value)
+    }
+}
+
+/// One connection to a box, through its `Device1` object and the GATT objects under it.
+final class BlueZLink: CentralLink, @unchecked Sendable {
+    let peer: DeviceAddress
+    let events: AsyncStream<LinkEvent>
+    private let central: BlueZCentral
+    private let path: String
+    private let continuation: AsyncStream<LinkEvent>.Continuation
+    private let state = NIOLockedValueBox<(subscribed: [String: String], local: Bool, ended: Bool, resolved: Bool)>(([:], false, false, false))
+    private let resolvedSignal = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    private var watcher: Task<Void, Never>?
+
+    init(central: BlueZCentral, peer: DeviceAddress, path: String) {
+        self.central = central
+        self.peer = peer
+        self.path = path
+        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+        let changes = central.objects.changes()
+        watcher = Task { [weak self] in
+            for await change in changes {
+                guard let self else { return }
+                if self.handle(change) { return }
+            }
+        }
+    }
+
+    deinit { watcher?.cancel() }
+
+    /// Returns true once the link has ended.
+    private func handle(_ change: BlueZObjects.Change) -> Bool {
+        switch change {
+        case .changed(let p, BlueZ.gattCharacteristic, let props) where p.hasPrefix(path + "/"):
+            if let value = props["Value"]?.bytes, let uuid = state.withLockedValue({ $0.subscribed[p] }) {
+                continuation.yield(.notification(characteristic: uuid, value: value))
+            }
+        case .changed(path, BlueZ.device, let props):
+            if props["ServicesResolved"]?.bool == true { resolvedSignal.continuation.yield() }
+            if props["Connected"]?.bool == false { end(.remoteUser); return true }
+        case .removed(path, let interfaces) where interfaces.contains(BlueZ.device):
+            end(.remoteUser); return true
+        case .service(present: false):
+            end(.radioOff); return true
+        case .changed(central.adapter.path, BlueZ.adapter, let props) where props["Powered"]?.bool == false:
+            end(.radioOff); return true
+        default:
+            break
+        }
+        return false
+    }
+
+    private func end(_ reason: DisconnectReason) {
+        let local = state.withLockedValue { s -> Bool? in
+            guard !s.ended else { return nil }
+            s.ended = true
+            return s.local
+        }
+        guard let local else { return }
+        continuation.yield(.disconnected(local ? .localHost : reason))
+        continuation.finish()
+        resolvedSignal.continuation.finish()
+    }
+
+    func waitForServices(until deadline: Duration) async throws {
+        let clock = MonotonicClock()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { [self] in
+                var signals = resolvedSignal.stream.makeAsyncIterator()
+                while central.objects.properties(path, BlueZ.device)?["ServicesResolved"]?.bool != true {
+                    guard await signals.next() != nil else { throw RadioError.connectionFailed("disconnected while resolving services") }
+                }
+            }
+            group.addTask {
+                try await clock.sleep(until: deadline)
+                throw RadioError.timedOut
+            }
+            try await group.next()
+            group.cancelAll()
+        }
+    }
+
+    var mtu: Int {
+        get async {
+            // BlueZ 5.62+ shows the exchanged ATT MTU on every remote characteristic.
+            central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/").values.lazy.compactMap { $0["MTU"]?.int }.first ?? 23
+        }
+    }
+
+    func discover(service uuid: String) async throws -> GATTService {
+        let wanted = uuid.lowercased()
+        guard let servicePath = central.objects.objects(with: BlueZ.gattService, under: path + "/")
+                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else {
+            throw RadioError.serviceNotFound(uuid)
+        }
+        let characteristics = central.objects.objects(with: BlueZ.gattCharacteristic, under: servicePath + "/")
+            .filter { $0.value["Service"]?.string == servicePath }
+            .sorted { $0.key < $1.key }
+            .map { _, props in
+                let flags = Set(props["Flags"]?.strings ?? [])
+                var p: CharacteristicProperties = []
+                if flags.contains("read") { p.insert(.read) }
+                if flags.contains("write") { p.insert(.write) }
+                if flags.contains("write-without-response") { p.insert(.writeWithoutResponse) }
+                if flags.contains("notify") { p.insert(.notify) }
+                return GATTCharacteristic(uuid: props["UUID"]?.string ?? "", properties: p)
+            }
+        return GATTService(uuid: wanted, characteristics: characteristics)
+    }
+
+    private func characteristicPath(_ uuid: String) throws -> String {
+        let wanted = uuid.lowercased()
+        guard let p = central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/")
+                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else {
+            throw RadioError.characteristicNotFound(uuid)
+        }
+        return p
+    }
+
+    private func call(_ characteristic: String, _ member: String, _ arguments: [DBusValue]) async throws -> [DBusValue] {
+        guard !state.withLockedValue({ $0.ended }) else { throw RadioError.notConnected }
+        let p = try characteristicPath(characteristic)
+        do {
+            return try await central.bus.call(BlueZ.service, p, BlueZ.gattCharacteristic, member, arguments, timeout: .seconds(10))
+        } catch {
+            throw BlueZ.radioError(error)
+        }
+    }
+
+    func read(_ characteristic: String) async throws -> [UInt8] {
+        guard let value = try await call(characteristic, "ReadValue", [.vardict([:])]).first?.bytes else {
+            throw RadioError.stack(name: "org.bluez.Error.Failed", message: "ReadValue returned no bytes")
+        }
+        return value
+    }
+
+    func write(_ characteristic: String, value: [UInt8], withResponse: Bool) async throws {
+        let limit = await mtu - 3
+        guard value.count <= limit else { throw RadioError.invalidLength(length: value.count, limit: limit) }
+        _ = try await call(characteristic, "WriteValue", [.bytes(value), .vardict(["type": .string(withResponse ? "request" : "command")])])
+    }
+
+    func subscribe(_ characteristic: String) async throws {
+        let p = try characteristicPath(characteristic)
+        state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
+        _ = try await call(characteristic, "StartNotify", [])
+    }
+
+    func rssi() async throws -> Int {
+        try central.rssi(of: peer)
+    }
+
+    func disconnect() async {
+        let already = state.withLockedValue { s -> Bool in s.local = true; return s.ended }
+        guard !already else { return }
+        _ = try? await central.bus.call(BlueZ.service, path, BlueZ.device, "Disconnect", timeout: .seconds(5))
+    }
+}

@@ -1,0 +1,81 @@
+import BoxkeyBlueZ
+import BoxkeyDBus
+import Foundation
+
+/// A private `dbus-daemon` for a test, torn down with it.
+final class PrivateBus: @unchecked Sendable {
+    let address: String
+    private let daemon: Process
+
+    init() throws {
+        daemon = Process()
+        daemon.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
+        daemon.arguments = ["--session", "--nofork", "--print-address=1"]
+        let out = Pipe()
+        daemon.standardOutput = out
+        try daemon.run()
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let chunk = out.fileHandleForReading.availableData
+            guard !chunk.isEmpty else { throw TestFailure("dbus-daemon printed no address") }
+            line += chunk
+        }
+        address = String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    var bus: DBusConnection.Bus { .address(address) }
+
+    // Foundation reaps the child; waiting here from a test's thread can hang its run loop.
+    deinit { kill(daemon.processIdentifier, SIGKILL) }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// bluezoo (PyPI, a BlueZ D-Bus mock) on a private bus with the box's and the phone's adapters:
+/// hci0 = `boxAddress`, hci1 = `phoneAddress`.
+final class BluezooWorld: @unchecked Sendable {
+    let bus: PrivateBus
+    private let bluezoo: Process
+
+    static var executable: String {
+        if let e = ProcessInfo.processInfo.environment["BOXKEY_BLUEZOO"] { return e }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        return root.appendingPathComponent(".venv/bin/bluezoo").path
+    }
+
+    init() async throws {
+        bus = try PrivateBus()
+        bluezoo = Process()
+        bluezoo.executableURL = URL(fileURLWithPath: Self.executable)
+        guard FileManager.default.isExecutableFile(atPath: Self.executable) else {
+            throw TestFailure("bluezoo not found at \(Self.executable): run scripts/setup")
+        }
+        bluezoo.arguments = ["--auto-enable", "--scan-interval", "1",
+                             "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
+        var environment = ProcessInfo.processInfo.environment
+        environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
+        bluezoo.environment = environment
+        let log = FileManager.default.temporaryDirectory.appendingPathComponent("bluezoo-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let handle = try FileHandle(forWritingTo: log)
+        bluezoo.standardOutput = handle
+        bluezoo.standardError = handle
+        try bluezoo.run()
+        // Ready when both adapters are on the bus.
+        let probe = try DBusConnection(bus.bus)
+        defer { probe.close() }
+        for _ in 0..<100 {
+            if let reply = try? await probe.call("org.bluez", "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects", timeout: .seconds(1)),
+               (reply.first?.entries ?? []).filter({ ($0.value.entries ?? []).contains { $0.key.string == "org.bluez.Adapter1" } }).count == 2 {
+                return
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw TestFailure("bluezoo did not come up")
+    }
+
+    deinit { kill(bluezoo.processIdentifier, SIGKILL) }
+}
