@@ -83,7 +83,7 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "CDBus", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             .product(name: "TOMLKit", package: "TOMLKit"),
@@ -103,7 +103,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
         .executableTarget(name: "boxkey", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPhone", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyPhone", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),

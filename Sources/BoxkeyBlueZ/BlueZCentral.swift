@@ -200,8 +200,16 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
 
     var mtu: Int {
         get async {
-            // BlueZ 5.62+ shows the exchanged ATT MTU on every remote characteristic.
-            central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/").values.lazy.compactMap { $0["MTU"]?.int }.first ?? 23
+            // BlueZ 5.62+ shows the exchanged ATT MTU on every remote characteristic. It can
+            // change after ServicesResolved without a signal we rely on, so ask.
+            let characteristics = central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/")
+            if let any = characteristics.keys.sorted().first,
+               let reply = try? await central.bus.call(BlueZ.service, any, "org.freedesktop.DBus.Properties", "Get",
+                                                      [.string(BlueZ.gattCharacteristic), .string("MTU")], timeout: .seconds(2)),
+               let value = reply.first?.int, value >= 23 {
+                return value
+            }
+            return characteristics.values.lazy.compactMap { $0["MTU"]?.int }.first ?? 23
         }
     }
 

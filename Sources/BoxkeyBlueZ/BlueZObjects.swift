@@ -95,7 +95,9 @@ final class BlueZObjects: Sendable {
 
     func close() {
         pump.withLockedValue { $0?.cancel(); $0 = nil }
-        state.withLockedValue { s in for c in s.listeners.values { c.finish() }; s.listeners = [:] }
+        // Finished outside the lock: a listener's onTermination takes it.
+        let listeners = state.withLockedValue { s in defer { s.listeners = [:] }; return Array(s.listeners.values) }
+        for l in listeners { l.finish() }
     }
 
     /// Reads the whole tree again (at start and when bluetoothd comes back).

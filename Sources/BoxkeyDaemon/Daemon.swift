@@ -1,3 +1,4 @@
+import BoxkeyBlueZ
 import BoxkeyCore
 import CBoxkeySys
 import BoxkeyRadio
@@ -23,17 +24,13 @@ public enum Daemon {
     public static func run(config: DaemonConfig, sessions: any SessionControl = LogindSessionControl(), logger: Logger) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
-        let directory = config.simDirectory.isEmpty ? SocketAir.defaultDirectory : config.simDirectory
-        let backend = try chooseRadio(config.radio, logger: logger)
-        var simParameters = SimulationParameters()
-        simParameters.seed = UInt64(getpid())
-        let air = try SocketAir(directory: directory, parameters: simParameters)
-        defer { air.shutdown() }
+        let boxRadio = try await openRadio(config, logger: logger)
+        defer { boxRadio.shutdown() }
 
         // Avoid IDs heard nearby when making one up.
         var heard: Set<BoxID> = []
         if config.boxID == nil, !FileManager.default.fileExists(atPath: config.stateDirectory + "/identity") {
-            heard = await nearbyBoxIDs(air: air, for: .seconds(2))
+            heard = await nearbyBoxIDs(boxRadio.scanner, for: .seconds(2))
         }
         let identity: BoxIdentity
         let registry: PhoneRegistry
@@ -43,9 +40,9 @@ public enum Daemon {
         } catch {
             throw StartError(description: "\(error)")
         }
-        let peripheral = try air.peripheral(simulatedAddress(for: identity.boxID), at: config.simPosition)
+        let peripheral = try await boxRadio.peripheral(identity.boxID)
         let box = Box(config: config, identity: identity, registry: registry, sessions: sessions, clock: MonotonicClock(),
-                      logger: logger, radioDescription: "\(backend) (\(directory), address \(peripheral.address))")
+                      logger: logger, radioDescription: "\(boxRadio.description), address \(peripheral.address)")
         let readiness = Readiness(parts: 2, logger: logger)
         let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
@@ -58,23 +55,96 @@ public enum Daemon {
         await box.shutdown()
     }
 
-    static func chooseRadio(_ wanted: DaemonConfig.RadioBackend, logger: Logger) throws -> String {
-        switch wanted {
-        case .simulated:
-            return "simulated radio"
-        case .bluez:
-            throw StartError(description: "the BlueZ transport is not in this build yet; use radio backend \"simulated\"")
-        case .auto:
-            let adapters = (try? FileManager.default.contentsOfDirectory(atPath: "/sys/class/bluetooth")) ?? []
-            if !adapters.isEmpty {
-                logger.warning("Bluetooth adapters found (\(adapters.joined(separator: ", "))) but this build has no BlueZ transport yet: using the simulated radio")
+    /// The box's radio: BlueZ on a real adapter, or the simulated air shared with phones on
+    /// this machine.
+    final class BoxRadio: @unchecked Sendable {
+        let description: String
+        /// A central on the same radio, to hear which box IDs are taken nearby.
+        let scanner: any CentralRadio
+        private let simulated: (air: SocketAir, position: Double)?
+        private let bluez: BlueZPeripheral?
+        private let bluezScanner: BlueZCentral?
+
+        init(air: SocketAir, position: Double) {
+            simulated = (air, position)
+            bluez = nil
+            bluezScanner = nil
+            scanner = air.central(DeviceAddress("00:B0:C5:FF:FF:FE")!)
+            description = "simulated radio (\(air.directory))"
+        }
+
+        init(peripheral: BlueZPeripheral, scanner: BlueZCentral) {
+            simulated = nil
+            bluez = peripheral
+            bluezScanner = scanner
+            self.scanner = scanner
+            description = "BlueZ adapter \(peripheral.adapter.name)"
+        }
+
+        func peripheral(_ id: BoxID) async throws -> any PeripheralRadio {
+            if let bluez {
+                bluezScanner?.close()
+                return bluez
             }
-            return "simulated radio"
+            return try simulated!.air.peripheral(Daemon.simulatedAddress(for: id), at: simulated!.position)
+        }
+
+        func shutdown() {
+            simulated?.air.shutdown()
+            if let bluez {
+                let done = NIOLockedValueBox(false)
+                Task { await bluez.close(); done.withLockedValue { $0 = true } }
+                // Unregistering takes a few bus round trips; do not hold shutdown for long.
+                for _ in 0..<40 where !done.withLockedValue({ $0 }) { usleep(25_000) }
+            }
         }
     }
 
-    static func nearbyBoxIDs(air: SocketAir, for duration: Duration) async -> Set<BoxID> {
-        let results = air.central(DeviceAddress("00:B0:C5:FF:FF:FE")!).scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID]))
+    static func openRadio(_ config: DaemonConfig, logger: Logger) async throws -> BoxRadio {
+        let adapter = config.adapter.isEmpty ? nil : config.adapter
+        switch config.radio {
+        case .simulated:
+            return try simulatedRadio(config)
+        case .auto:
+            if await blueZAdapterPresent(named: adapter) { return try await blueZRadio(adapter, logger: logger) }
+            if let adapter { throw StartError(description: "no Bluetooth adapter \(adapter) (is bluetoothd running?); set [radio] backend = \"bluez\" to wait for it") }
+            return try simulatedRadio(config)
+        case .bluez:
+            return try await blueZRadio(adapter, logger: logger)
+        }
+    }
+
+    static func simulatedRadio(_ config: DaemonConfig) throws -> BoxRadio {
+        let directory = config.simDirectory.isEmpty ? SocketAir.defaultDirectory : config.simDirectory
+        var parameters = SimulationParameters()
+        parameters.seed = UInt64(getpid())
+        do { return BoxRadio(air: try SocketAir(directory: directory, parameters: parameters), position: config.simPosition) } catch {
+            throw StartError(description: "the simulated radio is unavailable: \(error)")
+        }
+    }
+
+    /// BlueZ, waiting for bluetoothd and the adapter when they are not there yet (a box that
+    /// boots before its Bluetooth dongle is plugged in still comes up).
+    static func blueZRadio(_ adapter: String?, logger: Logger) async throws -> BoxRadio {
+        var delay = Duration.seconds(1)
+        var said = false
+        while true {
+            do {
+                let peripheral = try await BlueZPeripheral(adapter: adapter)
+                let scanner = try await BlueZCentral(adapter: peripheral.adapter.name)
+                if said { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
+                return BoxRadio(peripheral: peripheral, scanner: scanner)
+            } catch RadioError.unavailable(let why) {
+                if !said { logger.warning("waiting for Bluetooth: \(why)") }
+                said = true
+                try await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(10))
+            }
+        }
+    }
+
+    static func nearbyBoxIDs(_ scanner: any CentralRadio, for duration: Duration) async -> Set<BoxID> {
+        let results = scanner.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID]))
         let clock = MonotonicClock()
         return await withTaskGroup(of: Set<BoxID>?.self) { group in
             group.addTask { try? await clock.sleep(for: duration); return nil }

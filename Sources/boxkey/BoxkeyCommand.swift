@@ -1,3 +1,4 @@
+import BoxkeyBlueZ
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
@@ -45,8 +46,11 @@ struct Boxkey: AsyncParsableCommand {
 // MARK: - Shared options and helpers
 
 struct RadioOptions: ParsableArguments {
-    @Option(help: "Radio: auto, simulated or bluez. auto uses the simulated radio when this build or machine has no Bluetooth.")
-    var radio = "auto"
+    @Option(help: "Radio: auto, simulated or bluez (default $BOXKEY_RADIO or auto). auto uses BlueZ when it has an adapter, the simulated radio otherwise.")
+    var radio = ProcessInfo.processInfo.environment["BOXKEY_RADIO"] ?? "auto"
+
+    @Option(help: "BlueZ: the adapter to use, e.g. hci1 (default $BOXKEY_ADAPTER or the first).")
+    var adapter: String? = ProcessInfo.processInfo.environment["BOXKEY_ADAPTER"]
 
     @Option(help: "Simulated radio: the directory shared with the box (default $BOXKEY_SIM_DIR or /tmp/boxkey-sim).")
     var simDirectory: String?
@@ -54,19 +58,33 @@ struct RadioOptions: ParsableArguments {
     @Option(help: "Simulated radio: this device's distance from the box's origin, in metres.")
     var simPosition = 1.0
 
-    func central(identity: PhoneIdentity) throws -> (SocketAir, SimulatedCentral) {
+    func open(identity: PhoneIdentity) async -> PhoneRadio {
         switch radio {
-        case "auto", "simulated":
-            do {
-                let air = try SocketAir(directory: simDirectory ?? SocketAir.defaultDirectory)
-                return (air, air.central(identity.simulatedAddress, at: simPosition))
-            } catch {
-                fail(.radioUnavailable, "the simulated radio is unavailable: \(error)")
-            }
         case "bluez":
-            fail(.radioUnavailable, "the BlueZ transport is not in this build yet; use --radio simulated")
+            return await openBlueZ()
+        case "auto":
+            if await blueZAdapterPresent(named: adapter) { return await openBlueZ() }
+            if let adapter { fail(.radioUnavailable, "no Bluetooth adapter \(adapter) (is bluetoothd running?)") }
+            return openSimulated(identity)
+        case "simulated":
+            return openSimulated(identity)
         default:
             fail(.failure, "--radio must be auto, simulated or bluez")
+        }
+    }
+
+    private func openBlueZ() async -> PhoneRadio {
+        do { return PhoneRadio(bluez: try await BlueZCentral(adapter: adapter)) } catch {
+            fail(.radioUnavailable, "Bluetooth is unavailable: \(error). Check `systemctl status bluetooth` and `bluetoothctl show`; --radio simulated talks to a box on this machine.")
+        }
+    }
+
+    private func openSimulated(_ identity: PhoneIdentity) -> PhoneRadio {
+        do {
+            let air = try SocketAir(directory: simDirectory ?? SocketAir.defaultDirectory)
+            return PhoneRadio(air: air, address: identity.simulatedAddress, position: simPosition)
+        } catch {
+            fail(.radioUnavailable, "the simulated radio is unavailable: \(error)")
         }
     }
 }
@@ -238,8 +256,9 @@ extension Boxkey {
 
         func run() async throws {
             let phone = Phone()
-            let (air, central) = try radio.central(identity: phone.identity)
-            defer { air.shutdown() }
+            let phoneRadio = await radio.open(identity: phone.identity)
+            defer { phoneRadio.shutdown() }
+            let central = phoneRadio.central
             let wanted = id.flatMap(BoxID.init)
             if id != nil, wanted == nil { fail(.failure, "--id takes four digits") }
             let live = isatty(1) == 1 && !json
@@ -309,8 +328,9 @@ extension Boxkey {
         func run() async throws {
             var phone = Phone()
             guard let boxID = BoxID(id) else { fail(.failure, "a box ID is four digits, like 4821") }
-            let (air, central) = try radio.central(identity: phone.identity)
-            defer { air.shutdown() }
+            let phoneRadio = await radio.open(identity: phone.identity)
+            defer { phoneRadio.shutdown() }
+            let central = phoneRadio.central
             let heard: HeardBox?
             do { heard = try await findBox(boxID, pinned: nil, radio: central, timeout: .seconds(10)) } catch {
                 fail(.radioUnavailable, "scan failed: \(error)")
@@ -446,8 +466,9 @@ extension Boxkey {
             let credentials: (user: String, password: SecureBytes)
             do { credentials = try vault.credentials(pin: pin, now: vaultNow()) } catch { fail(.vaultLocked, "\(error)") }
 
-            let (air, central) = try radio.central(identity: phone.identity)
-            defer { air.shutdown() }
+            let phoneRadio = await radio.open(identity: phone.identity)
+            defer { phoneRadio.shutdown() }
+            let central = phoneRadio.central
             let clock = MonotonicClock()
             let start = clock.now
             let link = await phone.open(boxID, radio: central)
@@ -486,7 +507,7 @@ extension Boxkey {
             }
             say("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it.")
             if detachedChild { BackgroundPresence.detachOutput(phone.dirs) }
-            await presence(link, boxID: boxID, phone: phone, air: air)
+            await presence(link, boxID: boxID, phone: phone, radio: phoneRadio)
             if detachedChild { BackgroundPresence.clear(phone.dirs) }
         }
 
@@ -507,7 +528,7 @@ extension Boxkey {
         /// end. After a link loss it keeps looking for the box and re-attaches when back in
         /// range (within the box's grace period that cancels the walk-away action). Under the
         /// simulated radio it also follows `boxkey sim move` (the phone walking).
-        func presence(_ first: BoxLink, boxID: BoxID, phone: Phone, air: SocketAir) async {
+        func presence(_ first: BoxLink, boxID: BoxID, phone: Phone, radio phoneRadio: PhoneRadio) async {
             for sig in [SIGINT, SIGTERM] {
                 signal(sig, SIG_IGN)
                 let source = DispatchSource.makeSignalSource(signal: sig)
@@ -515,14 +536,14 @@ extension Boxkey {
                 source.resume()
                 signalSources.append(source)
             }
-            let moves = SimMoves(directory: air.directory, address: phone.identity.simulatedAddress)
+            let moves = phoneRadio.simulated.map { SimMoves(directory: $0.air.directory, address: $0.address) }
             let clock = MonotonicClock()
             var link = first
             var nextKeepalive = clock.now + .milliseconds(Int(keepalive * 1000))
             while !interrupted.withLockedValue({ $0 }) {
-                if let move = moves.take() {
+                if let move = moves?.take(), let (air, address) = phoneRadio.simulated {
                     say("Walking to \(move.to) m over \(move.over) s…")
-                    air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+                    air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
                 }
                 do {
                     let event = try await link.next(timeout: .milliseconds(200))
@@ -534,7 +555,7 @@ extension Boxkey {
                     }
                 } catch BoxLink.Failure.linkLost(let reason) {
                     say("Presence link to box \(boxID) lost (\(reason)); looking for the box…")
-                    guard let back = await reattach(boxID: boxID, phone: phone, air: air, moves: moves) else { return }
+                    guard let back = await reattach(boxID: boxID, phone: phone, radio: phoneRadio, moves: moves) else { return }
                     link = back
                     say("Back in range: presence link to box \(boxID) restored.")
                 } catch {
@@ -548,12 +569,12 @@ extension Boxkey {
         }
 
         /// Finds the box again and asks to be its presence link again (`attach`).
-        func reattach(boxID: BoxID, phone: Phone, air: SocketAir, moves: SimMoves) async -> BoxLink? {
-            let central = air.air.central(phone.identity.simulatedAddress, at: air.air.position(of: phone.identity.simulatedAddress) ?? radio.simPosition)
+        func reattach(boxID: BoxID, phone: Phone, radio phoneRadio: PhoneRadio, moves: SimMoves?) async -> BoxLink? {
+            let central = phoneRadio.centralForReattach(defaultPosition: radio.simPosition)
             while !interrupted.withLockedValue({ $0 }) {
-                if let move = moves.take() {
+                if let move = moves?.take(), let (air, address) = phoneRadio.simulated {
                     say("Walking to \(move.to) m over \(move.over) s…")
-                    air.air.move(phone.identity.simulatedAddress, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+                    air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
                 }
                 guard let heard = try? await findBox(boxID, pinned: phone.pinnedKey(boxID), radio: central, timeout: .seconds(1)),
                       let link = try? await BoxLink.open(to: heard, boxKey: phone.pinnedKey(boxID), identity: phone.identity, radio: central) else { continue }
@@ -628,8 +649,9 @@ let interrupted = NIOLockedValueBox(false)
 func sessionAction(_ action: ActionResult.Action, id: String?, radio: RadioOptions) async throws {
     let phone = Phone()
     let boxID = phone.boxID(id)
-    let (air, central) = try radio.central(identity: phone.identity)
-    defer { air.shutdown() }
+    let phoneRadio = await radio.open(identity: phone.identity)
+    defer { phoneRadio.shutdown() }
+    let central = phoneRadio.central
     let link = await phone.open(boxID, radio: central)
     defer { Task { await link.close() } }
     do {

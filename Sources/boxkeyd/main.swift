@@ -42,6 +42,9 @@ extension Boxkeyd {
         @Option(name: .long, help: "Radio: auto, simulated or bluez (overrides [radio] backend).")
         var radio: String?
 
+        @Option(name: .long, help: "BlueZ adapter, e.g. hci0 (overrides [radio] adapter).")
+        var adapter: String?
+
         @Option(name: .long, help: "State directory (overrides [box] state_directory).")
         var stateDirectory: String?
 
@@ -61,6 +64,7 @@ extension Boxkeyd {
                 guard let r = DaemonConfig.RadioBackend(rawValue: radio) else { throw ValidationError("--radio must be auto, simulated or bluez") }
                 config.radio = r
             }
+            if let adapter { config.adapter = adapter }
             if let stateDirectory { config.stateDirectory = stateDirectory }
             if let boxID {
                 guard let id = BoxID(boxID) else { throw ValidationError("--box-id must be four digits") }

@@ -1,5 +1,9 @@
 """End-to-end fixtures: real boxkeyd and boxkey processes on the simulated radio, a real PAM
-stack (pam_wrapper + pamtester + pam_matrix), and python-dbusmock's logind on a private bus."""
+stack (pam_wrapper + pamtester + pam_matrix), and python-dbusmock's logind on a private bus.
+
+In the VM lab (Tests/lab, BOXKEY_E2E_RADIO=bluez) the same fixtures put the box on hci0 and the
+phone on hci1 through the real bluetoothd, and logind's mock on the lab's system bus (BlueZ
+lives there too); binaries come prebuilt from the host (BOXKEY_E2E_PREBUILT)."""
 import os
 import shutil
 import signal
@@ -12,9 +16,12 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PAM_MATRIX = "/usr/lib/x86_64-linux-gnu/pam_wrapper/pam_matrix.so"
 PASSWORD = "correct horse battery"
+RADIO = os.environ.get("BOXKEY_E2E_RADIO", "simulated")
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
+    if os.environ.get("BLELAB_GUEST") == "1":
+        timeout *= 4  # the lab emulates its CPU: everything is 10-15x slower there
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -25,6 +32,10 @@ def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
 
 @pytest.fixture(scope="session")
 def bins():
+    prebuilt = os.environ.get("BOXKEY_E2E_PREBUILT")
+    if prebuilt:
+        return {"boxkeyd": os.path.join(prebuilt, "boxkeyd"), "boxkey": os.path.join(prebuilt, "boxkey"),
+                "module": os.path.join(prebuilt, "pam_boxkey.so"), "harness": os.path.join(prebuilt, "pam_cycles")}
     bin_dir = subprocess.run(["swift", "build", "--show-bin-path"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.strip()
     subprocess.run(["swift", "build"], cwd=ROOT, check=True, capture_output=True)
@@ -41,6 +52,16 @@ class Logind:
 
     def __init__(self, work):
         self.log = os.path.join(work, "logind.log")
+        self.bus = None
+        if RADIO == "bluez":
+            # The lab's own system bus, which BlueZ is on; the VM is thrown away afterwards.
+            self.address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+            self.mock = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "logind", "-l", self.log],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_for(lambda: subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.login1",
+                                             "/org/freedesktop/login1", "org.freedesktop.DBus.Peer.Ping"],
+                                            capture_output=True).returncode == 0, timeout=30, what="logind mock")
+            return
         address_file = os.path.join(work, "bus-address")
         with open(address_file, "w") as out:
             self.bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
@@ -59,6 +80,8 @@ class Logind:
 
     def stop(self):
         for p in (self.mock, self.bus):
+            if p is None:
+                continue
             p.terminate()
             p.wait(5)
 
@@ -73,10 +96,12 @@ class World:
         self.box_log = os.path.join(work, "boxkeyd.log")
         self.box_process = None
         self.outputs = []  # everything every process printed, for the no-password check
-        self.env = dict(os.environ, BOXKEY_SIM_DIR=self.sim, DBUS_SYSTEM_BUS_ADDRESS=logind.address,
+        self.env = dict(os.environ, BOXKEY_SIM_DIR=self.sim, BOXKEY_RADIO=RADIO, DBUS_SYSTEM_BUS_ADDRESS=logind.address,
                         XDG_CONFIG_HOME=os.path.join(work, "phone", "config"),
                         XDG_DATA_HOME=os.path.join(work, "phone", "data"))
         self.env.pop("XDG_SESSION_ID", None)
+        if RADIO == "bluez":
+            self.env["BOXKEY_ADAPTER"] = "hci1"
         self.config_extra = ""
         self.module_options = "timeout=20 answer_prompt"
         os.makedirs(os.path.join(work, "pam.d"))
@@ -91,7 +116,8 @@ class World:
 id = "4821"
 state_directory = "{self.work}/box"
 [radio]
-backend = "simulated"
+backend = "{RADIO}"
+adapter = "{'hci0' if RADIO == 'bluez' else ''}"
 [presence]
 grace_s = 1
 [pam]
@@ -103,8 +129,9 @@ socket = "{self.socket}"
         self.box_process = subprocess.Popen([self.bins["boxkeyd"], "--config", self.config(), "--log-level", "debug"],
                                             env=self.env, stdout=open(self.box_log, "a"), stderr=subprocess.STDOUT)
         if expect_ready:
-            wait_for(lambda: os.path.exists(self.socket), what="boxkeyd's socket")
-            wait_for(lambda: "advertising box" in self.box_output(), what="boxkeyd advertising")
+            slow = 60 if RADIO == "bluez" else 10  # the lab emulates its CPU
+            wait_for(lambda: os.path.exists(self.socket), timeout=slow, what="boxkeyd's socket")
+            wait_for(lambda: "advertising box" in self.box_output(), timeout=slow, what="boxkeyd advertising")
         return self.box_process
 
     def stop_box(self):

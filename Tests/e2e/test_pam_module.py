@@ -83,7 +83,7 @@ def test_processes_holding_secrets_are_not_dumpable(world):
     home.mkdir()
     os.chmod(home, 0o777)
     env = dict(world.env, HOME=str(home), XDG_CONFIG_HOME=str(home / "c"), XDG_DATA_HOME=str(home / "d"),
-               BOXKEY_SIM_DIR=str(home / "air"))
+               BOXKEY_SIM_DIR=str(home / "air"), BOXKEY_RADIO="simulated")
     p = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", world.bins["boxkey"], "scan", "--seconds", "3"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     control = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "3"])
