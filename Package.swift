@@ -108,6 +108,13 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
 
+        // The benchmarks: scripts/bench [--short] (release build).
+        .executableTarget(name: "boxkey-bench", dependencies: [
+            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPhone", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ], path: "Benchmarks/BoxkeyBench"),
+
         // A peripheral in its own process, for the cross-process radio tests.
         .executableTarget(name: "SimRadioPeer", dependencies: ["BoxkeyRadio", "BoxkeySimRadio"]),
 

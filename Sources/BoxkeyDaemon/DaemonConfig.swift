@@ -118,8 +118,11 @@ public struct DaemonConfig: Sendable, Equatable {
             if let uids = t["allowed_uids"] {
                 guard let array = uids.array else { throw Error("\(source): [pam] allowed_uids must be an array of numbers") }
                 c.pamAllowedUIDs = try array.map { v in
-                    guard let n = v.int, n >= 0 else { throw Error("\(source): [pam] allowed_uids must be an array of numbers") }
-                    return UInt32(n)
+                    // A uid is 32 bits, and (uid_t)-1 means "no user" to the kernel.
+                    guard let n = v.int, let uid = UInt32(exactly: n), uid != UInt32.max else {
+                        throw Error("\(source): [pam] allowed_uids must be an array of user IDs (0 to 4294967294)")
+                    }
+                    return uid
                 }
             }
             c.maxPromptWait = try reader.seconds(t, "pam", "max_wait_s", 5...3600) ?? c.maxPromptWait

@@ -191,8 +191,4 @@ public final class BoxLink: @unchecked Sendable {
     }
 }
 
-/// What a simulated link can report about its use of the air (implemented by the simulated
-/// radio, so this module does not depend on it).
-public protocol SimulatedLinkStatistics {
-    var statistics: (events: Int, bytes: Int, packets: Int) { get }
-}
+

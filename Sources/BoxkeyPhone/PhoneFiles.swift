@@ -42,6 +42,11 @@ public struct PhoneIdentity: Sendable {
     public let keyPair: KeyPair
     public let deviceSecret: SecureBytes
 
+    public init(keyPair: KeyPair, deviceSecret: SecureBytes) {
+        self.keyPair = keyPair
+        self.deviceSecret = deviceSecret
+    }
+
     public static func loadOrCreate(_ dirs: PhoneDirectories) throws -> PhoneIdentity {
         try dirs.ensure()
         let path = dirs.config + "/phone.key"

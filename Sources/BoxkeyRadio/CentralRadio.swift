@@ -40,3 +40,10 @@ public protocol CentralLink: Sendable {
 
     func disconnect() async
 }
+
+/// What a link can report about its use of the air: connection events from the connection to
+/// the last packet, ATT value bytes both ways, link-layer packets. The simulated radio counts
+/// them; BlueZ does not expose them.
+public protocol SimulatedLinkStatistics {
+    var statistics: (events: Int, bytes: Int, packets: Int) { get }
+}

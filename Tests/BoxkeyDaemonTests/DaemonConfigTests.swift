@@ -23,7 +23,8 @@ import Testing
     /// each is an error naming the line, never a crash.
     @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3",
                      "#[b\r\n[@b\r\n", "#[b\r\n[#+", "# a\r[)x]", "[box]\u{7}",
-                     "[presence]\ngrace_s = 6666666666666666666666666666666666666666666666666666666666662.5"])
+                     "[presence]\ngrace_s = 6666666666666666666666666666666666666666666666666666666666662.5",
+                     "[pam]\nallowed_uids = [207, 1444444444001]", "[pam]\nallowed_uids = [4294967295]", "[pam]\nallowed_uids = [-1]"])
     func malformedLinesAreErrorsNotCrashes(_ text: String) {
         #expect(throws: DaemonConfig.Error.self) { try DaemonConfig.parse(text) }
     }

@@ -1,0 +1,410 @@
+// boxkey-bench: where Boxkey stands against the physical floor and its targets.
+// Run with scripts/bench [--short]; release build, warm-up first, figures as ratios or counts
+// where they can be, min/median/p99 where they are times.
+import BoxkeyCore
+import BoxkeyDaemon
+import BoxkeyPAMWire
+import BoxkeyPhone
+import BoxkeyRadio
+import BoxkeySimRadio
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+
+let short = CommandLine.arguments.contains("--short")
+let user = "alice"
+let password = "correct horse battery"
+
+// MARK: - Helpers
+
+struct Summary: CustomStringConvertible {
+    let min, median, p99: Double
+    init(_ values: [Double]) {
+        let s = values.sorted()
+        min = s.first ?? .nan
+        median = s.isEmpty ? .nan : s[s.count / 2]
+        p99 = s.isEmpty ? .nan : s[Swift.min(s.count - 1, Int((Double(s.count) * 0.99).rounded(.up)) - 1)]
+    }
+    var description: String { String(format: "min %.3g / median %.3g / p99 %.3g", min, median, p99) }
+}
+
+func milliseconds(_ d: Duration) -> Double {
+    Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
+}
+
+func rssBytes(pid: Int32 = getpid()) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+    return (Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0) * 1024
+}
+
+/// Context switches per thread: every wake-up of a thread is one.
+func contextSwitches(pid: Int32) -> [String: Int] {
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+    var out: [String: Int] = [:]
+    for tid in tasks {
+        guard let s = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/status", encoding: .utf8) else { continue }
+        out[tid] = s.split(separator: "\n").filter { $0.hasPrefix("voluntary_ctxt_switches") || $0.hasPrefix("nonvoluntary_ctxt_switches") }
+            .compactMap { Int($0.split(separator: "\t").last ?? "") }.reduce(0, +)
+    }
+    return out
+}
+
+struct Row: Sendable { var figure, value, target, verdict: String }
+let rows = NIOLockedValueBox<[Row]>([])
+func row(_ figure: String, _ value: String, _ target: String, _ met: Bool?, note: String = "") {
+    let verdict = (met.map { $0 ? "met" : "MISSED" } ?? "report") + note
+    rows.withLockedValue { $0.append(Row(figure: figure, value: value, target: target, verdict: verdict)) }
+    FileHandle.standardError.write("  \(figure): \(value)\n".data(using: .utf8)!)
+}
+
+/// Records logind's calls with their times (the daemon's reaction is what is measured).
+final class TimedSessions: SessionControl {
+    let calls = NIOLockedValueBox<[(String, Duration)]>([])
+    func lock(session: String) async throws { calls.withLockedValue { $0.append(("lock \(session)", MonotonicClock().now)) } }
+    func terminate(session: String) async throws { calls.withLockedValue { $0.append(("terminate \(session)", MonotonicClock().now)) } }
+}
+
+/// The real Box and RadioService on the in-process simulated air, in real time.
+final class BoxUnderTest: @unchecked Sendable {
+    let air: SimulatedAir
+    let box: Box
+    let sessions = TimedSessions()
+    let service: RadioService
+    let state: String
+    let parameters: SimulationParameters
+    private var task: Task<Void, Error>?
+    private var phones: UInt16 = 0
+    private(set) var lastPhone: DeviceAddress?
+
+    init(parameters: SimulationParameters, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
+        self.parameters = parameters
+        air = SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
+        state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-\(UUID().uuidString.prefix(8))").path
+        var config = DaemonConfig()
+        config.stateDirectory = state
+        config.grace = .zero
+        configure(&config)
+        let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
+        var logger = Logger(label: "bench")
+        logger.logLevel = .critical
+        box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
+                  clock: MonotonicClock(), logger: logger, radioDescription: "bench air")
+        service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
+                               clock: MonotonicClock(), logger: logger)
+    }
+
+    func start() async throws {
+        let service = service
+        task = Task { try await service.run() }
+        try await Task.sleep(for: .milliseconds(200))
+    }
+
+    func stop() {
+        task?.cancel()
+        try? FileManager.default.removeItem(atPath: state)
+    }
+
+    let identity = PhoneIdentity(keyPair: KeyPair.generate(), deviceSecret: SecureBytes.random(count: 32))
+
+    /// One whole login through a waiting prompt; returns the link's air statistics (the link
+    /// stays open when `keep`).
+    func login(keep: Bool = false) async throws -> (stats: (events: Int, bytes: Int, packets: Int), link: BoxLink) {
+        phones &+= 1
+        let address = DeviceAddress(String(format: "00:50:48:00:%02X:%02X", phones >> 8, phones & 0xFF))!
+        lastPhone = address
+        let central = air.central(address, at: 1)
+        let key = box.identity.keyPair.publicKey
+        let prompt = await box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+        guard let heard = try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)) else { throw BenchError("box not heard") }
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        async let reply = box.awaitPush(prompt)
+        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
+        guard case .push = await reply else { throw BenchError("the push did not arrive") }
+        await box.report(prompt, accepted: true, reason: "")
+        guard try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)) else { throw BenchError("not accepted") }
+        let stats = link.airStatistics ?? (0, 0, 0)
+        if !keep { await link.close() }
+        return (stats, link)
+    }
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+// MARK: - The protocol's floor
+
+/// The login's envelopes, made by the real state machines in memory.
+func loginEnvelopes() throws -> [(leg: String, bytes: Int)] {
+    let boxKeys = KeyPair.generate()
+    let nonces = AdvertisementNonces(current: 0x1234)
+    let advert = Advertisement(boxID: BoxID(4821)!, nonce: 0x1234, keyHint: boxKeys.publicKey.advertisementHint)
+    var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: boxKeys.publicKey, advertisement: advert)
+    var box = BoxConnection(identity: boxKeys, boxID: BoxID(4821)!, connectedAt: .zero)
+    var cache = HandshakeReplayCache()
+    let m1 = try phone.start()
+    let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+    guard let m2 = out1.replies.first else { throw BenchError("no handshake response") }
+    _ = try phone.receive(m2)
+    let m3 = try phone.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
+    _ = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+    guard let m4 = box.finishLogin(LoginResult(.accepted)).replies.first else { throw BenchError("no result") }
+    return [("HandshakeInit", m1.count), ("HandshakeResponse", m2.count), ("CredentialPush", m3.count), ("LoginResult", m4.count)]
+}
+
+/// The fewest connection events a login can take at this MTU: each leg waits for the one
+/// before it (a reply cannot ride in the event that carried the request's last fragment), a leg
+/// of n fragments needs ceil(n / packetsPerEvent) events, and enabling notifications is one
+/// Write Request (request and response: 2 events). GATT discovery (Read By Group Type, Read By
+/// Type, Find Information: one round trip each) is listed separately: an unbonded link cannot
+/// skip it, but no message size dictates it.
+func floorEvents(mtu: Int, packetsPerEvent: Int, envelopes: [(leg: String, bytes: Int)]) throws -> (protocol: Int, discovery: Int, fragments: [Int]) {
+    let fragments = envelopes.map { Framing.fragmentCount(messageLength: $0.bytes, mtu: mtu) }
+    let legs = fragments.map { ($0 + packetsPerEvent - 1) / packetsPerEvent }.reduce(0, +)
+    return (2 + legs, 2 * SimulationParameters().discoveryRoundTrips, fragments)
+}
+
+// MARK: - Figures
+
+func loginFigures(envelopes: [(leg: String, bytes: Int)]) async throws {
+    let runs = short ? 3 : 15
+    for mtu in [23, 247, 517] {
+        var p = SimulationParameters()
+        p.centralMTU = mtu
+        p.peripheralMTU = mtu
+        let bench = try BoxUnderTest(parameters: p)
+        try await bench.start()
+        _ = try await bench.login()  // warm-up
+        var events: [Double] = [], bytes: [Double] = [], packets: [Double] = []
+        for _ in 0..<runs {
+            let s = try await bench.login().stats
+            events.append(Double(s.events)); bytes.append(Double(s.bytes)); packets.append(Double(s.packets))
+        }
+        bench.stop()
+        let floor = try floorEvents(mtu: mtu, packetsPerEvent: p.packetsPerEvent, envelopes: envelopes)
+        let median = Summary(events).median
+        let withDiscovery = Double(floor.protocol + floor.discovery)
+        row("1. login events, MTU \(mtu) (connect → accepted)",
+            String(format: "%.0f events (%@); floor %d protocol + %d discovery = %.0f; %.2f× the floor with discovery, %.2f× without",
+                   median, Summary(events).description, floor.protocol, floor.discovery, withDiscovery, median / withDiscovery, median / Double(floor.protocol)),
+            "≤ 1.25× floor", median <= 1.25 * withDiscovery)
+        if mtu == 23 {
+            row("2. bytes on air per login, MTU 23", String(format: "%.0f ATT value bytes both ways, %.0f LL packets; fragments per leg %@",
+                                                          Summary(bytes).median, Summary(packets).median, floor.fragments.map(String.init).joined(separator: "/")),
+                "handshake + push < 4 round trips", true, note: " (2 round trips: handshake, push → result)")
+        }
+    }
+}
+
+func boxCPU() throws {
+    let n = short ? 200 : 2000
+    let boxKeys = KeyPair.generate()
+    let nonces = AdvertisementNonces(current: 0x1234)
+    let advert = Advertisement(boxID: BoxID(4821)!, nonce: 0x1234, keyHint: boxKeys.publicKey.advertisementHint)
+    var cache = HandshakeReplayCache(capacity: 1 << 16)
+    var times: [Double] = []
+    let clock = ContinuousClock()
+    for i in 0..<(n + 50) {
+        var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: boxKeys.publicKey, advertisement: advert)
+        let m1 = try phone.start()
+        // Box side, timed: handshake, decrypt the push, build the PAM reply frame.
+        let t0 = clock.now
+        var box = BoxConnection(identity: boxKeys, boxID: BoxID(4821)!, connectedAt: .zero)
+        let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+        let t1 = clock.now
+        _ = try phone.receive(out1.replies[0])
+        let m3 = try phone.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
+        let t2 = clock.now
+        let out2 = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+        var frame = PAMReply.push(user: user, password: Array(password.utf8)).encode()
+        frame.withUnsafeMutableBytes { _ = memset($0.baseAddress!, 0, $0.count) }
+        _ = out2
+        let t3 = clock.now
+        if i >= 50 { times.append(milliseconds((t1 - t0) + (t3 - t2))) }
+    }
+    let s = Summary(times)
+    row("3. box CPU per login (handshake + decrypt + PAM frame)", "\(s) ms", "≤ 1 ms", s.median <= 1)
+}
+
+func walkAway() async throws {
+    let runs = short ? 2 : 8
+    var p = SimulationParameters()
+    var delays: [Double] = []
+    for i in 0..<runs {
+        p.seed = UInt64(i + 1)
+        let bench = try BoxUnderTest(parameters: p)
+        try await bench.start()
+        let (_, link) = try await bench.login(keep: true)
+        await bench.box.openSession(user: user, sessionID: "42", service: "login")
+        try await Task.sleep(for: .milliseconds(300))
+        let phone = bench.lastPhone!
+        let gone = MonotonicClock().now
+        bench.air.move(phone, to: 10_000)
+        while bench.sessions.calls.withLockedValue({ $0.isEmpty }), MonotonicClock().now - gone < .seconds(5) {
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        if let lock = bench.sessions.calls.withLockedValue({ $0.first }) { delays.append(milliseconds(lock.1 - gone)) }
+        _ = link
+        bench.stop()
+    }
+    let s = Summary(delays)
+    let limit = milliseconds(p.supervisionTimeout) + 100
+    row("4. walk-away: out of range → logind Lock (grace 0)", "\(s) ms (supervision timeout \(Int(milliseconds(p.supervisionTimeout))) ms)",
+        "≤ \(Int(limit)) ms", s.p99 <= limit)
+}
+
+func memoryGrowth() async throws {
+    let logins = short ? 30 : 1000
+    var p = SimulationParameters()
+    p.connectionInterval = .microseconds(7500)  // BLE's shortest: the same work, sooner
+    let bench = try BoxUnderTest(parameters: p) { $0.advertisingInterval = .milliseconds(20) }
+    try await bench.start()
+    for _ in 0..<20 { _ = try await bench.login() }  // warm-up: pools, caches, the first allocations
+    let before = rssBytes()
+    let clock = ContinuousClock()
+    let start = clock.now
+    for _ in 0..<logins { _ = try await bench.login() }
+    let took = clock.now - start
+    let after = rssBytes()
+    bench.stop()
+    let growth = Double(after - before) / 1_048_576
+    row("5b. memory growth over \(logins) logins (box + phone in one process)",
+        String(format: "%.2f MiB (%.1f KiB per login; %.0f ms per login at 7.5 ms interval)", growth, Double(after - before) / 1024 / Double(logins), milliseconds(took) / Double(logins)),
+        "≤ 1 MiB per 1,000", growth * 1000 / Double(logins) <= 1)
+}
+
+func idleDaemon(boxkeyd: String) throws {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-idle-\(getpid())").path
+    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: dir) }
+    let config = dir + "/boxkeyd.conf"
+    try """
+    [box]
+    id = "4821"
+    state_directory = "\(dir)/state"
+    [radio]
+    backend = "simulated"
+    sim_directory = "\(dir)/air"
+    [pam]
+    socket = "\(dir)/pam.sock"
+    """.write(toFile: config, atomically: true, encoding: .utf8)
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: boxkeyd)
+    p.arguments = ["--config", config]
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.nullDevice
+    try p.run()
+    defer { kill(p.processIdentifier, SIGKILL) }
+    var waited = 0
+    while !FileManager.default.fileExists(atPath: dir + "/pam.sock"), waited < 100 { usleep(100_000); waited += 1 }
+    sleep(2)
+    let rss = rssBytes(pid: p.processIdentifier)
+    let window: UInt32 = short ? 5 : 30
+    let c0 = contextSwitches(pid: p.processIdentifier)
+    sleep(window)
+    let c1 = contextSwitches(pid: p.processIdentifier)
+    let mb = Double(rss) / 1_048_576
+    row("5a. idle boxkeyd RSS after start", String(format: "%.1f MiB", mb), "≤ 20 MiB", mb <= 20)
+    // Threads alive at both ends of the window; a thread that started in it counts in full.
+    let switches = c1.reduce(0) { $0 + $1.value - (c0[$1.key] ?? 0) }
+    let perSecond = Double(switches) / Double(window)
+    row("5c. idle boxkeyd wake-ups", String(format: "%.2f per second over %d s (all threads' context switches; nonce rotation every 15 min)", perSecond, window),
+        "none beyond nonce rotation", perSecond < 0.1)
+}
+
+func pamFallback(boxkeyd: String) async throws {
+    // Daemon absent: what the module does first, against a socket path nobody listens on.
+    let missing = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-nobody-\(getpid()).sock").path
+    var times: [Double] = []
+    let clock = ContinuousClock()
+    for _ in 0..<(short ? 200 : 2000) {
+        let t0 = clock.now
+        _ = try? PAMSocketClient(path: missing)
+        times.append(milliseconds(clock.now - t0))
+    }
+    let s = Summary(times)
+    row("6a. PAM, daemon absent → module gives up", "\(s) ms", "≤ 50 ms", s.p99 <= 50)
+
+    // Throughput of the socket path: one transaction = connect, status request, reply, close
+    // (the module's first exchange in every authentication), against the real PAMBridge.
+    let bench = try BoxUnderTest(parameters: SimulationParameters())
+    let socket = bench.state + "/pam.sock"
+    var logger = Logger(label: "bench")
+    logger.logLevel = .critical
+    try FileManager.default.createDirectory(atPath: bench.state, withIntermediateDirectories: true)
+    let bridge = PAMBridge(box: bench.box, path: socket, allowedUIDs: [getuid()], logger: logger)
+    let task = Task { try await bridge.run() }
+    while !FileManager.default.fileExists(atPath: socket) { try await Task.sleep(for: .milliseconds(10)) }
+    let n = short ? 500 : 5000
+    func transaction() throws {
+        let client = try PAMSocketClient(path: socket)
+        defer { client.close() }
+        try client.send(.status)
+        _ = try client.receive(timeoutMilliseconds: 1000)
+    }
+    for _ in 0..<100 { try transaction() }
+    let t0 = clock.now
+    for _ in 0..<n { try transaction() }
+    let perSecond = Double(n) / (milliseconds(clock.now - t0) / 1000)
+    task.cancel()
+    bench.stop()
+    row("6b. PAM socket transactions per second (sequential)", String(format: "%.0f /s", perSecond), "≥ 1,000 /s", perSecond >= 1000)
+}
+
+func vaultCost() throws {
+    let runs = short ? 2 : 5
+    var times: [Double] = []
+    let clock = ContinuousClock()
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    let peakBefore = usage.ru_maxrss
+    for _ in 0..<runs {
+        let t0 = clock.now
+        _ = try Argon2id.deriveKey(secret: SecureBytes(utf8: "1234"), salt: Array(repeating: 7, count: Argon2id.saltLength), parameters: .vault)
+        times.append(milliseconds(clock.now - t0) / 1000)
+    }
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    let memory = Double(Argon2id.Parameters.vault.memory) / 1_048_576
+    let s = Summary(times)
+    row("8. vault unlock (Argon2id, \(Argon2id.Parameters.vault.operations) passes)",
+        String(format: "%@ s; %.0f MiB by parameter (peak RSS grew %.0f MiB)", s.description, memory, Double(usage.ru_maxrss - peakBefore) / 1024),
+        "≥ 0.25 s and ≥ 64 MiB", s.min >= 0.25 && memory >= 64)
+}
+
+func labFigures() {
+    let path = FileManager.default.currentDirectoryPath + "/.build/lab/figures.json"
+    guard let data = FileManager.default.contents(atPath: path),
+          let json = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+          let radio = json["boxkey_login_radio_ms"] as? [Int], let bleak = json["bleak"] as? [String: Any],
+          let bleakTotal = bleak["total_ms"] as? Int, let best = radio.min() else {
+        row("7. real BlueZ (VM lab): boxkey login vs bleak", "not measured: run scripts/lab-test first", "≤ 1.0× bleak", nil)
+        return
+    }
+    let ratio = Double(best) / Double(bleakTotal)
+    row("7. real BlueZ (VM lab): boxkey login vs bleak",
+        String(format: "boxkey %@ ms (scan → accepted) vs bleak %d ms (scan + connect + write + notification): %.2f×; boxkey wall incl. process start and Argon2id %@ ms",
+               radio.map(String.init).joined(separator: ", "), bleakTotal, ratio, (json["boxkey_login_wall_ms"] as? [Int] ?? []).map(String.init).joined(separator: ", ")),
+        "≤ 1.0× bleak", ratio <= 1.0)
+}
+
+// MARK: - Main
+
+let boxkeyd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("boxkeyd").path
+FileHandle.standardError.write("boxkey-bench (\(short ? "short" : "full")), \(ProcessInfo.processInfo.activeProcessorCount) cores\n".data(using: .utf8)!)
+let envelopes = try loginEnvelopes()
+try await loginFigures(envelopes: envelopes)
+try boxCPU()
+try await walkAway()
+try idleDaemon(boxkeyd: boxkeyd)
+try await memoryGrowth()
+try await pamFallback(boxkeyd: boxkeyd)
+labFigures()
+try vaultCost()
+
+print("| figure | measured | target | |")
+print("|---|---|---|---|")
+for r in rows.withLockedValue({ $0 }).sorted(by: { $0.figure.localizedStandardCompare($1.figure) == .orderedAscending }) {
+    print("| \(r.figure) | \(r.value) | \(r.target) | \(r.verdict) |")
+}
