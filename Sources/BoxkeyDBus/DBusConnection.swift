@@ -248,10 +248,10 @@ public final class DBusConnection: @unchecked Sendable {
         var busFD: Int32 = -1
         dbus_connection_get_unix_fd(connection, &busFD)
         while true {
-            let (jobs, closed, nextDeadline) = state.withLockedValue { s in
+            let (jobs, closed) = state.withLockedValue { s in
                 let j = s.jobs
                 s.jobs = []
-                return (j, s.closed, s.pending.values.map(\.deadline).min())
+                return (j, s.closed)
             }
             for job in jobs { job(connection) }
             if closed || dbus_connection_get_is_connected(connection) == 0 { break }
@@ -262,7 +262,8 @@ public final class DBusConnection: @unchecked Sendable {
                 if dbus_connection_has_messages_to_send(connection) != 0 { dbus_connection_flush(connection) }
             } while dbus_connection_get_dispatch_status(connection) == DBUS_DISPATCH_DATA_REMAINS
             expireCalls()
-            let stillQueued = state.withLockedValue { !$0.jobs.isEmpty }
+            // Read after the jobs ran: a call they just sent has a deadline to wake up for.
+            let (stillQueued, nextDeadline) = state.withLockedValue { s in (!s.jobs.isEmpty, s.pending.values.map(\.deadline).min()) }
             if stillQueued { continue }
 
             var fds = [pollfd(fd: busFD, events: Int16(POLLIN), revents: 0), pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)]

@@ -4,7 +4,7 @@ import Foundation
 import Testing
 
 /// The D-Bus layer against a real dbus-daemon: two connections, one exporting, one calling.
-@Suite struct DBusTests {
+@Suite(.timeLimit(.minutes(1))) struct DBusTests {
     static let echoInterface = "org.boxkey.Test1"
 
     /// A server connection exporting `/test` (ObjectManager root) and `/test/thing`.

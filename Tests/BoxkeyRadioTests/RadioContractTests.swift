@@ -3,7 +3,7 @@ import BoxkeySimRadio
 import Testing
 
 /// One test body for every radio backend: what the box and the phone rely on.
-@Suite struct RadioContractTests {
+@Suite(.timeLimit(.minutes(2))) struct RadioContractTests {
     func firstEvent(_ events: AsyncStream<PeripheralEvent>, where match: (PeripheralEvent) -> Bool) async -> PeripheralEvent? {
         for await e in events where match(e) { return e }
         return nil
