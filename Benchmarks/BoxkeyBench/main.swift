@@ -12,6 +12,11 @@ import Logging
 import NIOConcurrencyHelpers
 
 let short = CommandLine.arguments.contains("--short")
+/// `--only 3,5`: run only these figures.
+let only: Set<Int>? = CommandLine.arguments.firstIndex(of: "--only").flatMap { i in
+    i + 1 < CommandLine.arguments.count ? Set(CommandLine.arguments[i + 1].split(separator: ",").compactMap { Int($0) }) : nil
+}
+func wanted(_ n: Int) -> Bool { only?.contains(n) ?? true }
 let user = "alice"
 let password = "correct horse battery"
 
@@ -393,15 +398,16 @@ func labFigures() {
 
 let boxkeyd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("boxkeyd").path
 FileHandle.standardError.write("boxkey-bench (\(short ? "short" : "full")), \(ProcessInfo.processInfo.activeProcessorCount) cores\n".data(using: .utf8)!)
-let envelopes = try loginEnvelopes()
-try await loginFigures(envelopes: envelopes)
-try boxCPU()
-try await walkAway()
-try idleDaemon(boxkeyd: boxkeyd)
-try await memoryGrowth()
-try await pamFallback(boxkeyd: boxkeyd)
-labFigures()
-try vaultCost()
+if wanted(1) || wanted(2) { try await loginFigures(envelopes: try loginEnvelopes()) }
+if wanted(3) { try boxCPU() }
+if wanted(4) { try await walkAway() }
+if wanted(5) {
+    try idleDaemon(boxkeyd: boxkeyd)
+    try await memoryGrowth()
+}
+if wanted(6) { try await pamFallback(boxkeyd: boxkeyd) }
+if wanted(7) { labFigures() }
+if wanted(8) { try vaultCost() }
 
 print("| figure | measured | target | |")
 print("|---|---|---|---|")

@@ -1,24 +1,33 @@
 import CSodium
+import Glibc
 
-/// A fixed-size buffer for keys and secrets, in libsodium secure memory: guard pages around it,
-/// `mlock`ed so it is not swapped out, excluded from core dumps (`MADV_DONTDUMP`), and wiped by
-/// `sodium_free` when the last reference goes away.
+/// A fixed-size buffer for keys and secrets, in libsodium secure memory: `mlock`ed so it is not
+/// swapped out, excluded from core dumps (`MADV_DONTDUMP`), behind guard pages, and wiped when
+/// the last reference goes away. Secrets of up to `SecureSlab.slotSize` bytes (keys, hashes,
+/// chaining keys: nearly all) share slabs; larger ones get a `sodium_malloc` of their own.
 ///
 /// The buffer is written only while it is being built (inside this module); after that it is
 /// read-only, which is what makes the `Sendable` conformance sound.
 public final class SecureBytes: @unchecked Sendable {
     public let count: Int
     private let pointer: UnsafeMutableRawPointer
+    private let inSlab: Bool
 
     /// A zero-filled buffer of `count` bytes.
     public init(count: Int) {
         requireSodium()
-        // sodium_malloc(0) is legal but returns a pointer we must not touch; keep at least one byte.
-        guard let p = sodium_malloc(max(count, 1)) else {
-            fatalError("sodium_malloc failed: secure memory exhausted")
+        if let p = SecureSlab.allocate(count) {
+            pointer = p
+            inSlab = true
+        } else {
+            // sodium_malloc(0) is legal but returns a pointer we must not touch; keep at least one byte.
+            guard let p = sodium_malloc(max(count, 1)) else {
+                fatalError("sodium_malloc failed: secure memory exhausted")
+            }
+            pointer = p
+            inSlab = false
         }
-        sodium_memzero(p, max(count, 1))
-        self.pointer = p
+        sodium_memzero(pointer, max(count, 1))
         self.count = count
     }
 
@@ -54,7 +63,7 @@ public final class SecureBytes: @unchecked Sendable {
     }
 
     deinit {
-        sodium_free(pointer)
+        if inSlab { SecureSlab.release(pointer) } else { sodium_free(pointer) }
     }
 
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
@@ -89,4 +98,46 @@ extension SecureBytes: CustomStringConvertible, CustomDebugStringConvertible {
     // Never print the contents: this type exists to keep them out of logs.
     public var description: String { "SecureBytes(\(count) bytes, redacted)" }
     public var debugDescription: String { description }
+}
+
+/// Slots for small secrets, carved from `sodium_malloc`ed chunks.
+///
+/// A `sodium_malloc` per key costs about nine system calls (mmap, mprotect for the guard pages,
+/// mlock, madvise, and as many to free it); a Noise handshake makes dozens of short-lived keys,
+/// which made the box's handshake cost over a millisecond of CPU. Slots keep what matters, locked
+/// and out of core dumps and wiped on release, and give up only the guard pages between two
+/// secrets (each chunk still has its own). Chunks are kept for reuse, never returned.
+enum SecureSlab {
+    static let slotSize = 128
+    static let slotsPerChunk = 256
+
+    nonisolated(unsafe) private static let lock: UnsafeMutablePointer<pthread_mutex_t> = {
+        let m = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        pthread_mutex_init(m, nil)
+        return m
+    }()
+    nonisolated(unsafe) private static var free: [UnsafeMutableRawPointer] = []
+
+    /// A slot for `count` bytes, or nil when it does not fit one.
+    static func allocate(_ count: Int) -> UnsafeMutableRawPointer? {
+        guard count <= slotSize else { return nil }
+        pthread_mutex_lock(lock)
+        defer { pthread_mutex_unlock(lock) }
+        if free.isEmpty {
+            guard let chunk = sodium_malloc(slotSize * slotsPerChunk) else {
+                fatalError("sodium_malloc failed: secure memory exhausted")
+            }
+            free.reserveCapacity(slotsPerChunk)
+            for i in (0..<slotsPerChunk).reversed() { free.append(chunk + i * slotSize) }
+        }
+        return free.removeLast()
+    }
+
+    /// Wipes the slot and makes it available again.
+    static func release(_ slot: UnsafeMutableRawPointer) {
+        sodium_memzero(slot, slotSize)
+        pthread_mutex_lock(lock)
+        free.append(slot)
+        pthread_mutex_unlock(lock)
+    }
 }
