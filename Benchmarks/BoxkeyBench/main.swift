@@ -162,13 +162,14 @@ func loginEnvelopes() throws -> [(leg: String, bytes: Int)] {
 /// The fewest connection events a login can take at this MTU: each leg waits for the one
 /// before it (a reply cannot ride in the event that carried the request's last fragment), a leg
 /// of n fragments needs ceil(n / packetsPerEvent) events, and enabling notifications is one
-/// Write Request (request and response: 2 events). GATT discovery (Read By Group Type, Read By
-/// Type, Find Information: one round trip each) is listed separately: an unbonded link cannot
-/// skip it, but no message size dictates it.
+/// Write Request (request and response: 2 events), as is the ATT MTU exchange above 23.
+/// GATT discovery (Read By Group Type, Read By Type, Find Information: one round trip each) is
+/// listed separately: an unbonded link cannot skip it, but no message size dictates it.
 func floorEvents(mtu: Int, packetsPerEvent: Int, envelopes: [(leg: String, bytes: Int)]) throws -> (protocol: Int, discovery: Int, fragments: [Int]) {
     let fragments = envelopes.map { Framing.fragmentCount(messageLength: $0.bytes, mtu: mtu) }
     let legs = fragments.map { ($0 + packetsPerEvent - 1) / packetsPerEvent }.reduce(0, +)
-    return (2 + legs, 2 * SimulationParameters().discoveryRoundTrips, fragments)
+    let exchange = mtu > 23 ? 2 : 0
+    return (2 + exchange + legs, 2 * SimulationParameters().discoveryRoundTrips, fragments)
 }
 
 // MARK: - Figures

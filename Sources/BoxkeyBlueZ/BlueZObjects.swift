@@ -204,6 +204,9 @@ public struct BlueZAdapter: Sendable, Hashable {
     /// Picks `wanted` ("hci1") or the first adapter, powering it on if it is off.
     static func choose(_ wanted: String?, in objects: BlueZObjects) async throws -> BlueZAdapter {
         let adapters = all(in: objects)
+        if adapters.isEmpty, objects.objects(with: "org.bluez.AgentManager1").isEmpty {
+            throw RadioError.unavailable("bluetoothd is not running (no org.bluez on the system bus)")
+        }
         guard let adapter = wanted.map({ w in adapters.first { $0.name == w } }) ?? adapters.first else {
             let known = adapters.map(\.name).joined(separator: ", ")
             throw RadioError.unavailable(wanted.map { "no Bluetooth adapter \($0)" + (known.isEmpty ? "" : " (BlueZ has \(known))") }

@@ -38,7 +38,7 @@ struct TestFailure: Error, CustomStringConvertible {
 /// hci0 = `boxAddress`, hci1 = `phoneAddress`.
 final class BluezooWorld: @unchecked Sendable {
     let bus: PrivateBus
-    private let bluezoo: Process
+    private var bluezoo: Process
 
     static var executable: String {
         if let e = ProcessInfo.processInfo.environment["BOXKEY_BLUEZOO"] { return e }
@@ -48,23 +48,31 @@ final class BluezooWorld: @unchecked Sendable {
 
     init() async throws {
         bus = try PrivateBus()
-        bluezoo = Process()
-        bluezoo.executableURL = URL(fileURLWithPath: Self.executable)
-        guard FileManager.default.isExecutableFile(atPath: Self.executable) else {
-            throw TestFailure("bluezoo not found at \(Self.executable): run scripts/setup")
+        bluezoo = try Self.launch(on: bus)
+        try await waitForAdapters()
+    }
+
+    private static func launch(on bus: PrivateBus) throws -> Process {
+        guard FileManager.default.isExecutableFile(atPath: executable) else {
+            throw TestFailure("bluezoo not found at \(executable): run scripts/setup")
         }
-        bluezoo.arguments = ["--auto-enable", "--scan-interval", "1",
-                             "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable)
+        p.arguments = ["--auto-enable", "--scan-interval", "1", "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
         var environment = ProcessInfo.processInfo.environment
         environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
-        bluezoo.environment = environment
+        p.environment = environment
         let log = FileManager.default.temporaryDirectory.appendingPathComponent("bluezoo-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log")
         FileManager.default.createFile(atPath: log.path, contents: nil)
         let handle = try FileHandle(forWritingTo: log)
-        bluezoo.standardOutput = handle
-        bluezoo.standardError = handle
-        try bluezoo.run()
-        // Ready when both adapters are on the bus.
+        p.standardOutput = handle
+        p.standardError = handle
+        try p.run()
+        return p
+    }
+
+    /// Ready when both adapters are on the bus.
+    private func waitForAdapters() async throws {
         let probe = try DBusConnection(bus.bus)
         defer { probe.close() }
         for _ in 0..<100 {
@@ -75,6 +83,14 @@ final class BluezooWorld: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(100))
         }
         throw TestFailure("bluezoo did not come up")
+    }
+
+    /// bluetoothd crashing and systemd starting it again: everything registered with it is gone.
+    func restart() async throws {
+        kill(bluezoo.processIdentifier, SIGKILL)
+        try await Task.sleep(for: .milliseconds(300))
+        bluezoo = try Self.launch(on: bus)
+        try await waitForAdapters()
     }
 
     deinit { kill(bluezoo.processIdentifier, SIGKILL) }

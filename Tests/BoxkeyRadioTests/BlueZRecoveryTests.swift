@@ -1,0 +1,44 @@
+import BoxkeyBlueZ
+import BoxkeyRadio
+import Testing
+
+/// The BlueZ transport's recovery, against bluezoo on a private bus.
+@Suite(.timeLimit(.minutes(2))) struct BlueZRecoveryTests {
+    @Test func theBoxComesBackAfterBluetoothdRestarts() async throws {
+        let world = try await BluezooWorld()
+        let peripheral = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
+        try await peripheral.publish(TestService.definition)
+        try await peripheral.advertise(TestService.advertising)
+
+        try await world.restart()
+
+        // Without re-registering, the new bluetoothd would know no application or advertisement.
+        let central = try await BlueZCentral(adapter: "hci1", bus: world.bus.bus)
+        defer { central.close() }
+        for try await r in central.scan(ScanFilter(serviceUUIDs: [TestService.service])) where r.address == boxAddress { break }
+        let link = try await central.connect(to: boxAddress, timeout: .seconds(10))
+        #expect(try await link.read(TestService.info) == TestService.infoValue)
+        await link.disconnect()
+        await peripheral.close()
+    }
+
+    @Test func missingAdapterIsAClearError() async throws {
+        let world = try await BluezooWorld()
+        do {
+            _ = try await BlueZCentral(adapter: "hci7", bus: world.bus.bus)
+            Issue.record("opened an adapter that does not exist")
+        } catch let RadioError.unavailable(why) {
+            #expect(why.contains("hci7") && why.contains("hci0"))
+        }
+    }
+
+    @Test func noBluetoothdIsAClearError() async throws {
+        let bus = try PrivateBus()
+        do {
+            _ = try await BlueZPeripheral(adapter: nil, bus: bus.bus)
+            Issue.record("opened BlueZ where there is none")
+        } catch let RadioError.unavailable(why) {
+            #expect(why.contains("bluetoothd is not running"))
+        }
+    }
+}
