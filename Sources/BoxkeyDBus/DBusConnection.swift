@@ -27,8 +27,16 @@ public final class DBusConnection: @unchecked Sendable {
     }
 
     private struct Pending {
-        let continuation: CheckedContinuation<DBusMessage, any Error>
+        let continuation: CheckedContinuation<Void, any Error>
         let deadline: UInt64
+        let slot: ReplySlot
+    }
+
+    /// Where a reply waits for its caller. It is written and read under the connection's lock,
+    /// so the handoff between this thread and the caller's is a lock, not only the continuation
+    /// (which ThreadSanitizer cannot see through).
+    private final class ReplySlot: @unchecked Sendable {
+        var message: DBusMessage?
     }
 
     private struct Subscription {
@@ -125,7 +133,8 @@ public final class DBusConnection: @unchecked Sendable {
                      _ arguments: [DBusValue] = [], timeout: Duration = .seconds(25)) async throws -> [DBusValue] {
         let (seconds, attoseconds) = timeout.components
         let deadline = Self.now() + UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
-        let reply: DBusMessage = try await withCheckedThrowingContinuation { continuation in
+        let slot = ReplySlot()
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             enqueue { [self] connection in
                 guard let message = dbus_message_new_method_call(destination, path, interface, member) else {
                     continuation.resume(throwing: BusError(BusError.invalidArgsName, "bad destination, path, interface or member: \(destination) \(path) \(interface).\(member)"))
@@ -141,8 +150,11 @@ public final class DBusConnection: @unchecked Sendable {
                     continuation.resume(throwing: BusError(BusError.disconnectedName, "cannot send \(interface).\(member)"))
                     return
                 }
-                state.withLockedValue { $0.pending[serial] = Pending(continuation: continuation, deadline: deadline) }
+                state.withLockedValue { $0.pending[serial] = Pending(continuation: continuation, deadline: deadline, slot: slot) }
             }
+        }
+        guard let reply = state.withLockedValue({ _ in slot.message }) else {
+            throw BusError(BusError.disconnectedName, "no reply")
         }
         if let error = reply.error { throw error }
         return reply.arguments
@@ -319,10 +331,14 @@ public final class DBusConnection: @unchecked Sendable {
         guard let message = DBusMessage(raw) else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
         switch message.kind {
         case .methodReturn, .error:
-            guard let pending = state.withLockedValue({ $0.pending.removeValue(forKey: message.replySerial) }) else {
+            guard let pending = state.withLockedValue({ s -> Pending? in
+                let p = s.pending.removeValue(forKey: message.replySerial)
+                p?.slot.message = message
+                return p
+            }) else {
                 return DBUS_HANDLER_RESULT_NOT_YET_HANDLED
             }
-            pending.continuation.resume(returning: message)
+            pending.continuation.resume()
             return DBUS_HANDLER_RESULT_HANDLED
         case .signal:
             let subscribers = state.withLockedValue { $0.subscriptions.values.filter { $0.match.matches(message) } }

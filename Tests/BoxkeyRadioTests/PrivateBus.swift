@@ -9,10 +9,12 @@ final class PrivateBus: @unchecked Sendable {
 
     init() throws {
         daemon = Process()
-        daemon.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
-        daemon.arguments = ["--session", "--nofork", "--print-address=1"]
+        // Under timeout(1): if this process dies before its deinit runs, the bus still goes.
+        daemon.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+        daemon.arguments = ["600", "/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1"]
         let out = Pipe()
         daemon.standardOutput = out
+        daemon.standardError = FileHandle.nullDevice
         try daemon.run()
         var line = Data()
         while !line.contains(UInt8(ascii: "\n")) {
@@ -25,8 +27,9 @@ final class PrivateBus: @unchecked Sendable {
 
     var bus: DBusConnection.Bus { .address(address) }
 
-    // Foundation reaps the child; waiting here from a test's thread can hang its run loop.
-    deinit { kill(daemon.processIdentifier, SIGKILL) }
+    // timeout(1) passes SIGTERM on. Foundation reaps the child; waiting here from a test's
+    // thread can hang its run loop.
+    deinit { kill(daemon.processIdentifier, SIGTERM) }
 }
 
 struct TestFailure: Error, CustomStringConvertible {
@@ -57,8 +60,8 @@ final class BluezooWorld: @unchecked Sendable {
             throw TestFailure("bluezoo not found at \(executable): run scripts/setup")
         }
         let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable)
-        p.arguments = ["--auto-enable", "--scan-interval", "1", "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+        p.arguments = ["600", executable, "--auto-enable", "--scan-interval", "1", "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
         var environment = ProcessInfo.processInfo.environment
         environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
         p.environment = environment
@@ -87,11 +90,11 @@ final class BluezooWorld: @unchecked Sendable {
 
     /// bluetoothd crashing and systemd starting it again: everything registered with it is gone.
     func restart() async throws {
-        kill(bluezoo.processIdentifier, SIGKILL)
-        try await Task.sleep(for: .milliseconds(300))
+        kill(bluezoo.processIdentifier, SIGTERM)
+        try await Task.sleep(for: .milliseconds(500))
         bluezoo = try Self.launch(on: bus)
         try await waitForAdapters()
     }
 
-    deinit { kill(bluezoo.processIdentifier, SIGKILL) }
+    deinit { kill(bluezoo.processIdentifier, SIGTERM) }
 }
