@@ -94,10 +94,16 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
         let link = BlueZLink(central: self, peer: peer, path: path)
         let deadline = clock.now + timeout
         do {
-            if objects.properties(path, BlueZ.device)?["Connected"]?.bool != true {
-                try await BlueZ.retrying {
-                    _ = try await bus.call(BlueZ.service, path, BlueZ.device, "Connect", timeout: max(deadline - clock.now, .milliseconds(1)))
+            if objects.properties(path, BlueZ.device)?["Connected"]?.bool == true {
+                // A link someone left up (another process, or one that exited before its
+                // disconnect went out): start from a link of our own, or its end would be ours.
+                _ = try? await bus.call(BlueZ.service, path, BlueZ.device, "Disconnect", timeout: .seconds(5))
+                while objects.properties(path, BlueZ.device)?["Connected"]?.bool == true, clock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(20))
                 }
+            }
+            try await BlueZ.retrying {
+                _ = try await bus.call(BlueZ.service, path, BlueZ.device, "Connect", timeout: max(deadline - clock.now, .milliseconds(1)))
             }
             try await link.waitForServices(until: deadline)
         } catch {
@@ -280,5 +286,12 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         let already = state.withLockedValue { s -> Bool in s.local = true; return s.ended }
         guard !already else { return }
         _ = try? await central.bus.call(BlueZ.service, path, BlueZ.device, "Disconnect", timeout: .seconds(5))
+        // Done only once BlueZ says so: a connect right after this (pairing, then a login)
+        // would otherwise find the old link still up and lose it a moment later.
+        let clock = MonotonicClock()
+        let deadline = clock.now + .seconds(5)
+        while central.objects.properties(path, BlueZ.device)?["Connected"]?.bool == true, clock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
     }
 }

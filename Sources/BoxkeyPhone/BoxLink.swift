@@ -110,9 +110,17 @@ public final class BoxLink: @unchecked Sendable {
     public static func readInfo(of box: HeardBox, radio: any CentralRadio, timeout: Duration = .seconds(10)) async throws -> BoxInfo {
         do {
             let link = try await radio.connect(to: box.address, timeout: timeout)
-            defer { Task { await link.disconnect() } }
-            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
-            return try BoxInfo.decode(try await link.read(BoxkeyProtocol.infoCharacteristicUUID))
+            let value: [UInt8]
+            do {
+                _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+                value = try await link.read(BoxkeyProtocol.infoCharacteristicUUID)
+            } catch {
+                await link.disconnect()
+                throw error
+            }
+            // Awaited: a process that exits right after (pairing) must not leave the link up.
+            await link.disconnect()
+            return try BoxInfo.decode(value)
         } catch let e as BoxInfo.DecodeError {
             throw Failure.protocolError("bad box info: \(e)")
         } catch {
