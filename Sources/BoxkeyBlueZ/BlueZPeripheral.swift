@@ -112,6 +112,8 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
                 "WriteValue": { [weak self] call in self?.writeValue(uuid, call) ?? .empty },
                 "StartNotify": { [weak self] _ in self?.notifications(uuid, path: path, on: true); return .empty },
                 "StopNotify": { [weak self] _ in self?.notifications(uuid, path: path, on: false); return .empty },
+                // Indication confirmations; Boxkey only notifies, so there is nothing to confirm.
+                "Confirm": { _ in .empty },
             ])])
         }
         try await registerApplication()

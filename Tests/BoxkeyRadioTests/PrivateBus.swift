@@ -91,7 +91,8 @@ final class BluezooWorld: @unchecked Sendable {
     /// bluetoothd crashing and systemd starting it again: everything registered with it is gone.
     func restart() async throws {
         kill(bluezoo.processIdentifier, SIGTERM)
-        try await Task.sleep(for: .milliseconds(500))
+        // The old one must have left the bus name before the new one asks for it.
+        for _ in 0..<100 where bluezoo.isRunning { try await Task.sleep(for: .milliseconds(50)) }
         bluezoo = try Self.launch(on: bus)
         try await waitForAdapters()
     }
