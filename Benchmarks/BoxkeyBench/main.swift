@@ -278,7 +278,8 @@ func memoryGrowth() async throws {
     let growth = Double(after - before) / 1_048_576
     row("5b. memory growth over \(logins) logins (box + phone in one process)",
         String(format: "%.2f MiB (%.1f KiB per login; %.0f ms per login at 7.5 ms interval)", growth, Double(after - before) / 1024 / Double(logins), milliseconds(took) / Double(logins)),
-        "≤ 1 MiB per 1,000", growth * 1000 / Double(logins) <= 1)
+        // 30 logins right after warm-up say little about steady growth: only the full run judges.
+        "≤ 1 MiB per 1,000", short ? nil : growth * 1000 / Double(logins) <= 1)
 }
 
 func idleDaemon(boxkeyd: String) throws {
