@@ -1,6 +1,5 @@
 import BoxkeyDBus
 import BoxkeyRadio
-import CBoxkeyHCI
 import NIOConcurrencyHelpers
 
 /// The phone's radio through BlueZ: discovery with `Adapter1.SetDiscoveryFilter` and
@@ -13,14 +12,7 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
     private let clock = MonotonicClock()
 
     public init(adapter adapterName: String? = nil, bus busKind: DBusConnection.Bus = .system) async throws {
-        do { bus = try DBusConnection(busKind) } catch { throw RadioError.unavailable("cannot reach the system bus: \(error)") }
-        do {
-            objects = try await BlueZObjects(bus: bus)
-            adapter = try await BlueZAdapter.choose(adapterName, in: objects)
-        } catch {
-            bus.close()
-            throw BlueZ.radioError(error)
-        }
+        (bus, objects, adapter) = try await BlueZ.open(adapter: adapterName, bus: busKind)
         address = adapter.address
     }
 
@@ -94,13 +86,11 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
         let link = BlueZLink(central: self, peer: peer, path: path)
         let deadline = clock.now + timeout
         do {
-            if objects.properties(path, BlueZ.device)?["Connected"]?.bool == true {
+            if objects.isConnected(path) {
                 // A link someone left up (another process, or one that exited before its
                 // disconnect went out): start from a link of our own, or its end would be ours.
                 _ = try? await bus.call(BlueZ.service, path, BlueZ.device, "Disconnect", timeout: .seconds(5))
-                while objects.properties(path, BlueZ.device)?["Connected"]?.bool == true, clock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(20))
-                }
+                await objects.waitUntilDisconnected(path, until: deadline)
             }
             try await BlueZ.retrying {
                 _ = try await bus.call(BlueZ.service, path, BlueZ.device, "Connect", timeout: max(deadline - clock.now, .milliseconds(1)))
@@ -117,12 +107,6 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
         return link
     }
 
-    func rssi(of peer: DeviceAddress) throws -> Int {
-        var value: Int8 = 0
-        let result = boxkey_hci_read_rssi(adapter.name, peer.string, &value)
-        guard result == 0 else { throw RadioError.stack(name: "HCI Read RSSI", message: "errno \(-result)") }
-        return Int(value)
-    }
 }
 
 /// One connection to a box, through its `Device1` object and the GATT objects under it.
@@ -279,7 +263,7 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
     }
 
     func rssi() async throws -> Int {
-        try central.rssi(of: peer)
+        try BlueZ.readRSSI(adapter: central.adapter, peer: peer)
     }
 
     func disconnect() async {
@@ -288,10 +272,6 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         _ = try? await central.bus.call(BlueZ.service, path, BlueZ.device, "Disconnect", timeout: .seconds(5))
         // Done only once BlueZ says so: a connect right after this (pairing, then a login)
         // would otherwise find the old link still up and lose it a moment later.
-        let clock = MonotonicClock()
-        let deadline = clock.now + .seconds(5)
-        while central.objects.properties(path, BlueZ.device)?["Connected"]?.bool == true, clock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(20))
-        }
+        await central.objects.waitUntilDisconnected(path, until: MonotonicClock().now + .seconds(5))
     }
 }

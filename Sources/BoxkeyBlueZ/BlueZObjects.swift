@@ -1,5 +1,6 @@
 import BoxkeyDBus
 import BoxkeyRadio
+import CBoxkeyHCI
 import NIOConcurrencyHelpers
 
 /// BlueZ's names.
@@ -35,6 +36,28 @@ enum BlueZ {
             }
         }
         return try await body()
+    }
+
+    /// A bus connection, BlueZ's object tree on it, and the chosen adapter: what both roles
+    /// start from. Throws `RadioError.unavailable` when bluetoothd or the adapter is missing.
+    static func open(adapter name: String?, bus kind: DBusConnection.Bus) async throws -> (DBusConnection, BlueZObjects, BlueZAdapter) {
+        let bus: DBusConnection
+        do { bus = try DBusConnection(kind) } catch { throw RadioError.unavailable("cannot reach the system bus: \(error)") }
+        do {
+            let objects = try await BlueZObjects(bus: bus)
+            return (bus, objects, try await BlueZAdapter.choose(name, in: objects))
+        } catch {
+            bus.close()
+            throw radioError(error)
+        }
+    }
+
+    /// The RSSI of a connected link: BlueZ's D-Bus API has none, so HCI Read RSSI.
+    static func readRSSI(adapter: BlueZAdapter, peer: DeviceAddress) throws -> Int {
+        var value: Int8 = 0
+        let result = boxkey_hci_read_rssi(adapter.name, peer.string, &value)
+        guard result == 0 else { throw RadioError.stack(name: "HCI Read RSSI", message: "errno \(-result)") }
+        return Int(value)
     }
 
     static func radioError(_ error: any Error) -> RadioError {
@@ -129,6 +152,18 @@ final class BlueZObjects: Sendable {
 
     func properties(_ path: String, _ interface: String) -> [String: DBusValue]? {
         state.withLockedValue { $0.objects[path]?[interface] }
+    }
+
+    func isConnected(_ devicePath: String) -> Bool {
+        properties(devicePath, BlueZ.device)?["Connected"]?.bool == true
+    }
+
+    /// Waits (polling the mirror) until BlueZ says the device is disconnected, or `deadline`.
+    func waitUntilDisconnected(_ devicePath: String, until deadline: Duration) async {
+        let clock = MonotonicClock()
+        while isConnected(devicePath), clock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
     }
 
     /// Every object carrying `interface`, by path.

@@ -1,6 +1,5 @@
 import BoxkeyDBus
 import BoxkeyRadio
-import CBoxkeyHCI
 import NIOConcurrencyHelpers
 
 /// The box's radio through BlueZ: a GATT application (`GattManager1.RegisterApplication`) and
@@ -47,14 +46,7 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     /// Opens BlueZ on `adapterName` (or the first adapter). Throws `RadioError.unavailable`
     /// when bluetoothd is not running or has no such adapter.
     public init(adapter adapterName: String? = nil, bus busKind: DBusConnection.Bus = .system) async throws {
-        do { bus = try DBusConnection(busKind) } catch { throw RadioError.unavailable("cannot reach the system bus: \(error)") }
-        do {
-            objects = try await BlueZObjects(bus: bus)
-            adapter = try await BlueZAdapter.choose(adapterName, in: objects)
-        } catch {
-            bus.close()
-            throw BlueZ.radioError(error)
-        }
+        (bus, objects, adapter) = try await BlueZ.open(adapter: adapterName, bus: busKind)
         address = adapter.address
         application = DBusObjectTree(connection: bus, root: Self.applicationRoot)
         advertisement = DBusObjectTree(connection: bus, root: Self.advertisementPath)
@@ -120,12 +112,21 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     }
 
     private func registerApplication() async throws {
+        try await register(BlueZ.gattManager, "RegisterApplication", Self.applicationRoot, done: \.applicationRegistered)
+    }
+
+    private func registerAdvertisement() async throws {
+        try await register(BlueZ.advertisingManager, "RegisterAdvertisement", Self.advertisementPath, done: \.advertisementRegistered)
+    }
+
+    /// Registers an exported object with one of the adapter's managers, retrying while BlueZ
+    /// is busy, and records that it is registered.
+    private func register(_ manager: String, _ member: String, _ path: String, done: WritableKeyPath<State, Bool>) async throws {
         do {
             try await BlueZ.retrying {
-                _ = try await bus.call(BlueZ.service, adapter.path, BlueZ.gattManager, "RegisterApplication",
-                                       [.objectPath(Self.applicationRoot), .vardict([:])], timeout: .seconds(10))
+                _ = try await bus.call(BlueZ.service, adapter.path, manager, member, [.objectPath(path), .vardict([:])], timeout: .seconds(10))
             }
-            state.withLockedValue { $0.applicationRegistered = true }
+            state.withLockedValue { $0[keyPath: done] = true }
         } catch {
             throw BlueZ.radioError(error)
         }
@@ -228,18 +229,6 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
         try await registerAdvertisement()
     }
 
-    private func registerAdvertisement() async throws {
-        do {
-            try await BlueZ.retrying {
-                _ = try await bus.call(BlueZ.service, adapter.path, BlueZ.advertisingManager, "RegisterAdvertisement",
-                                       [.objectPath(Self.advertisementPath), .vardict([:])], timeout: .seconds(10))
-            }
-            state.withLockedValue { $0.advertisementRegistered = true }
-        } catch {
-            throw BlueZ.radioError(error)
-        }
-    }
-
     public func stopAdvertising() async {
         let registered = state.withLockedValue { s -> Bool in
             s.advertising = nil
@@ -256,10 +245,7 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     // MARK: Links
 
     public func rssi(of central: CentralID) async throws -> Int {
-        var value: Int8 = 0
-        let result = boxkey_hci_read_rssi(adapter.name, central.address.string, &value)
-        guard result == 0 else { throw RadioError.stack(name: "HCI Read RSSI", message: "errno \(-result)") }
-        return Int(value)
+        try BlueZ.readRSSI(adapter: adapter, peer: central.address)
     }
 
     public func disconnect(_ central: CentralID) async {
