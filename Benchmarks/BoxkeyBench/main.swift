@@ -17,7 +17,8 @@ let only: Set<Int>? = CommandLine.arguments.firstIndex(of: "--only").flatMap { i
     i + 1 < CommandLine.arguments.count ? Set(CommandLine.arguments[i + 1].split(separator: ",").compactMap { Int($0) }) : nil
 }
 func wanted(_ n: Int) -> Bool { only?.contains(n) ?? true }
-let user = "alice"
+/// The user the bench logs in as: this process's own (the box checks users exist).
+let user = String(cString: getpwuid(getuid())!.pointee.pw_name)
 let password = "correct horse battery"
 
 // MARK: - Helpers
@@ -64,9 +65,15 @@ func row(_ figure: String, _ value: String, _ target: String, _ met: Bool?, note
 }
 
 /// Records logind's calls with their times (the daemon's reaction is what is measured).
+/// logind as the bench needs it: every prompt is in a local greeter session, and session "42"
+/// is the bench user's on seat0.
 final class TimedSessions: SessionControl {
     let calls = NIOLockedValueBox<[(String, Duration)]>([])
+    func session(ofPID pid: Int32) async throws -> LoginSession? { LoginSession(id: "c1", uid: 0, user: "gdm", sessionClass: "greeter") }
+    func session(id: String) async throws -> LoginSession? { LoginSession(id: id, uid: UInt32(getuid()), user: user, tty: "tty2") }
+    func sessions(ofUID uid: UInt32) async throws -> [LoginSession] { [] }
     func lock(session: String) async throws { calls.withLockedValue { $0.append(("lock \(session)", MonotonicClock().now)) } }
+    func unlock(session: String) async throws { calls.withLockedValue { $0.append(("unlock \(session)", MonotonicClock().now)) } }
     func terminate(session: String) async throws { calls.withLockedValue { $0.append(("terminate \(session)", MonotonicClock().now)) } }
 }
 
@@ -101,6 +108,7 @@ final class BoxUnderTest: @unchecked Sendable {
 
     func start() async throws {
         let service = service
+        _ = await box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: user, name: "bench")
         task = Task { try await service.run() }
         try await Task.sleep(for: .milliseconds(200))
     }
@@ -120,14 +128,15 @@ final class BoxUnderTest: @unchecked Sendable {
         lastPhone = address
         let central = air.central(address, at: 1)
         let key = box.identity.keyPair.publicKey
-        let prompt = await box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+        guard let prompt = await box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000),
+                                                    peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
         guard let heard = try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)) else { throw BenchError("box not heard") }
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
         async let reply = box.awaitPush(prompt)
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
         guard case .push = await reply else { throw BenchError("the push did not arrive") }
-        await box.report(prompt, accepted: true, reason: "")
-        guard try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)) else { throw BenchError("not accepted") }
+        await box.report(prompt, .accepted, reason: "")
+        guard case .loginResult(let r) = try await link.next(timeout: .seconds(5)), r.outcome == .accepted else { throw BenchError("not accepted") }
         let stats = link.airStatistics ?? (0, 0, 0)
         if !keep { await link.close() }
         return (stats, link)
@@ -150,11 +159,11 @@ func loginEnvelopes() throws -> [(leg: String, bytes: Int)] {
     var box = BoxConnection(identity: boxKeys, boxID: BoxID(4821)!, connectedAt: .zero)
     var cache = HandshakeReplayCache()
     let m1 = try phone.start()
-    let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+    let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _, _ in nil }
     guard let m2 = out1.replies.first else { throw BenchError("no handshake response") }
     _ = try phone.receive(m2)
     let m3 = try phone.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
-    _ = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+    _ = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _, _ in nil }
     guard let m4 = box.finishLogin(LoginResult(.accepted)).replies.first else { throw BenchError("no result") }
     return [("HandshakeInit", m1.count), ("HandshakeResponse", m2.count), ("CredentialPush", m3.count), ("LoginResult", m4.count)]
 }
@@ -218,13 +227,13 @@ func boxCPU() throws {
         // Box side, timed: handshake, decrypt the push, build the PAM reply frame.
         let t0 = clock.now
         var box = BoxConnection(identity: boxKeys, boxID: BoxID(4821)!, connectedAt: .zero)
-        let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
+        let out1 = box.receive(m1, nonces: nonces, replayCache: &cache, now: .zero) { _, _ in nil }
         let t1 = clock.now
         _ = try phone.receive(out1.replies[0])
         let m3 = try phone.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
         let t2 = clock.now
-        let out2 = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _ in nil }
-        var frame = PAMReply.push(user: user, password: Array(password.utf8)).encode()
+        let out2 = box.receive(m3, nonces: nonces, replayCache: &cache, now: .zero) { _, _ in nil }
+        var frame = PAMReply.push(user: user, password: Array(password.utf8), ticket: "").encode()
         frame.withUnsafeMutableBytes { _ = memset($0.baseAddress!, 0, $0.count) }
         _ = out2
         let t3 = clock.now
@@ -243,7 +252,7 @@ func walkAway() async throws {
         let bench = try BoxUnderTest(parameters: p)
         try await bench.start()
         let (_, link) = try await bench.login(keep: true)
-        await bench.box.openSession(user: user, sessionID: "42", service: "login")
+        await bench.box.openSession(user: user, sessionID: "42", service: "login", ticket: "")
         try await Task.sleep(for: .milliseconds(300))
         let phone = bench.lastPhone!
         let gone = MonotonicClock().now
@@ -348,7 +357,9 @@ func pamFallback(boxkeyd: String) async throws {
     func transaction() throws {
         let client = try PAMSocketClient(path: socket)
         defer { client.close() }
-        try client.send(.status)
+        // A prompt in a service without phone login (sudo): the whole round trip and the
+        // policy check, answered `notOffered` at once.
+        try client.send(.waitForPush(.init(service: "sudo", tty: "pts/0", display: "", expectedUser: user, timeoutMilliseconds: 5000)))
         _ = try client.receive(timeoutMilliseconds: 1000)
     }
     for _ in 0..<100 { try transaction() }

@@ -12,8 +12,35 @@ enum RadioAction: Sendable {
     case advertise(AdvertisingData)
 }
 
-/// The box: every phone link, every PAM prompt waiting for a push, presence and grace timers.
-/// All state lives in this actor; the radio loop, the PAM bridge and the ticker call into it.
+/// What a waiting prompt receives: the push (password still in secure memory, for the PAM
+/// bridge to write straight into the socket buffer), or why none came.
+public enum PromptAnswer: Sendable {
+    case push(user: String, password: SecureBytes, ticket: String)
+    case noPush(PAMReply.NoPushReason)
+
+    /// The pushed user, if a push came.
+    public var pushedUser: String? {
+        if case .push(let user, _, _) = self { return user }
+        return nil
+    }
+}
+
+/// Who is on the other end of a PAM socket connection, from SO_PEERCRED.
+public struct PAMPeer: Sendable {
+    public var pid: Int32
+    public var uid: UInt32
+    public init(pid: Int32, uid: UInt32) { self.pid = pid; self.uid = uid }
+}
+
+/// The box: routes between the phone links (radio), the prompts (PAM bridge), enrolment,
+/// sessions and presence. The decisions live in small values that take `now` —
+/// `BoxConnection`, `Enrolment`, `PromptTable`, `SessionRegistry`, `PresenceMonitor`,
+/// `RateLimiter` — and this actor holds them, does the I/O they ask for, and audits.
+///
+/// For every push: the phone is the Noise-authenticated static key, enrolled for the pushed
+/// user; the prompt is the single waiting prompt that may log that user in, in a configured
+/// service, asked for by a local process (logind); the session is what logind says the PAM
+/// stack opened or the locker sits in, for that user's uid.
 public actor Box {
     let config: DaemonConfig
     public nonisolated let identity: BoxIdentity
@@ -24,6 +51,8 @@ public actor Box {
     let audit: Logger
     /// What the status command reports as the radio in use.
     public nonisolated let radioDescription: String
+    /// A user's uid (the system's user database; tests give a table).
+    let userID: @Sendable (String) -> UInt32?
 
     // Radio
     var nonces = AdvertisementNonces.random()
@@ -32,24 +61,24 @@ public actor Box {
     let outbox: AsyncStream<RadioAction>
     let outboxContinuation: AsyncStream<RadioAction>.Continuation
 
-    // PAM
-    var prompts: [UInt64: Prompt] = [:]
-    var nextPromptID: UInt64 = 0
-    var sessionsByUser: [String: String] = [:]
+    // Trust
+    var enrolment: Enrolment
+    var prompts = PromptTable()
+    var waiters: [UInt64: CheckedContinuation<PromptAnswer, Never>] = [:]
+    var registered = SessionRegistry()
     /// Users whose session the box locked: a phone must push again (unlock), not just attach.
     var lockedUsers: Set<String> = []
 
     // Presence
-    var presences: [CentralID: Presence] = [:]
+    var presences: [CentralID: PresenceMonitor] = [:]
     var graces: [PublicKey: Grace] = [:]
 
     // Limits
-    /// Failed or stalled handshakes per radio address: a flooding address is cut off at
-    /// connect, while phones that authenticate are never counted (a flood must not lock out
-    /// honest phones).
+    /// Failed or stalled handshakes, and unknown keys, per radio address: a flooding address
+    /// is cut off at connect, and enrolled phones' budgets are never touched by it.
     var failedHandshakes: RateLimiter<DeviceAddress>
     var rejectedByPhone: RateLimiter<PublicKey>
-    var rejectedTotal: RateLimiter<String>
+    var rejectedByUser: RateLimiter<String>
 
     /// Wakes the timer loop when a new deadline appears.
     let doorbell = ChangeSignal()
@@ -66,24 +95,9 @@ public actor Box {
         var reassembler = FrameReassembler()
         var connection: BoxConnection
         var subscribed = false
-        var deviceName = ""
         var prompt: UInt64?
-    }
-
-    struct Prompt {
-        var request: PAMRequest.WaitRequest
-        var deadline: Duration
-        var waiter: CheckedContinuation<PAMReply, Never>?
-        /// Set once a push went to this prompt: whose it was, for the outcome relay.
-        var verifying: (link: CentralID, phone: PublicKey, user: String, name: String)?
-    }
-
-    struct Presence {
-        var phone: PublicKey
-        var user: String
-        var samples: [Int] = []
-        var belowSince: Duration?
-        var nextSample: Duration
+        /// The code this link's pairing handshake was answered under.
+        var pairingCode: Enrolment.LiveCode?
     }
 
     struct Grace {
@@ -93,7 +107,9 @@ public actor Box {
     }
 
     public init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, sessions: any SessionControl,
-                clock: any RadioClock, logger: Logger, radioDescription: String) {
+                clock: any RadioClock, logger: Logger, radioDescription: String,
+                userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID) {
+        self.userID = userID
         self.config = config
         self.identity = identity
         self.registry = registry
@@ -104,9 +120,10 @@ public actor Box {
         audit[metadataKey: "audit"] = "true"
         self.audit = audit
         self.radioDescription = radioDescription
+        enrolment = Enrolment(lifetime: config.pairingCodeLifetime, tries: config.pairingCodeTries, pendingWindow: config.pendingEnrolment)
         failedHandshakes = RateLimiter(limit: config.failedHandshakesPerMinute, window: .seconds(60))
         rejectedByPhone = RateLimiter(limit: config.rejectedPushesPerPhone, window: config.rejectionWindow)
-        rejectedTotal = RateLimiter(limit: config.rejectedPushesTotal, window: config.rejectionWindow)
+        rejectedByUser = RateLimiter(limit: config.rejectedPushesPerUser, window: config.rejectionWindow)
         (outbox, outboxContinuation) = AsyncStream.makeStream(of: RadioAction.self)
     }
 
@@ -123,7 +140,7 @@ public actor Box {
 
     public var advertisingData: AdvertisingData {
         var flags: Advertisement.Flags = []
-        if prompts.values.contains(where: { $0.waiter != nil }) { flags.insert(.loginPromptWaiting) }
+        if !prompts.waiting.isEmpty { flags.insert(.loginPromptWaiting) }
         if !presences.isEmpty { flags.insert(.sessionActive) }
         let advert = Advertisement(flags: flags, boxID: identity.boxID, nonce: nonces.current,
                                    keyHint: identity.keyPair.publicKey.advertisementHint)
@@ -148,12 +165,12 @@ public actor Box {
         switch event {
         case .connected(let id, let mtu):
             if failedHandshakes.isLimited(id.address, now: now) {
-                logger.notice("refusing \(id.address): too many failed handshakes in the last minute")
+                audit.notice("refused \(id.address) at connect: too many failed handshakes in the last minute")
                 outboxContinuation.yield(.disconnect(id))
                 return
             }
             guard links.count < config.maxConnections else {
-                logger.warning("refusing \(id.address): \(links.count) connections already")
+                audit.warning("refused \(id.address) at connect: \(links.count) connections already")
                 outboxContinuation.yield(.disconnect(id))
                 return
             }
@@ -180,7 +197,7 @@ public actor Box {
         do {
             message = try links[id]!.reassembler.receive(fragment, mtu: mtu, now: now)
         } catch {
-            logger.notice("bad fragment from \(id.address): \(error)")
+            audit.notice("dropped \(id.address): bad fragment: \(error)")
             failedHandshakes.record(id.address, now: now)
             let handshaking = links[id]!.connection.state == .awaitingHandshake
             if handshaking { send([Envelope.refusal(Refusal(.malformed)).encode()], to: id) }
@@ -189,17 +206,24 @@ public actor Box {
         }
         guard let message else { return }
         var connection = links[id]!.connection
-        let output = connection.receive(message, nonces: nonces, replayCache: &replayCache, now: now) { [self] phone in
-            admit(phone, now: now)
+        let code = enrolment.current(now: now)
+        let output = connection.receive(message, nonces: nonces, replayCache: &replayCache, now: now,
+                                        pairingCode: code?.code) { [self] phone, kind in
+            admit(phone, kind, now: now)
         }
         links[id]!.connection = connection
+        if case .pairingAttempt? = output.request { links[id]!.pairingCode = code }
         perform(output, for: id, now: now)
     }
 
-    /// The policy check once a phone's key is known: revoked, or too many rejections.
-    private func admit(_ phone: PublicKey, now: Duration) -> Refusal.Code? {
+    /// The policy check once a phone's key is known (right after message 1): unknown keys may
+    /// only pair; revoked keys nothing; a phone over its rejection budget waits.
+    private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, now: Duration) -> Refusal.Code? {
         if registry.isRevoked(phone) { return .phoneRevoked }
-        if rejectedByPhone.isLimited(phone, now: now) || rejectedTotal.isLimited("all", now: now) { return .rateLimited }
+        if kind == .login, registry.users(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
+            return .notEnrolled
+        }
+        if rejectedByPhone.isLimited(phone, now: now) { return .rateLimited }
         return nil
     }
 
@@ -208,36 +232,51 @@ public actor Box {
         switch output.request {
         case nil:
             break
+        case .keepalive?:
+            presences[id]?.keepalive(now: now)
+        case .pairingAttempt(let phone)?:
+            enrolment.attempted(now: now)
+            audit.info("pairing attempt: phone \(phone.fingerprint) from \(id.address) (\(enrolment.live?.triesLeft ?? 0) tries left on the code)")
         case .login(let push)?:
             startLogin(push, from: id, now: now)
+        case .action(.pair)?:
+            completePairing(on: id, now: now)
         case .action(let action)?:
             Task { await self.act(action, for: id) }
         case .close(let reason)?:
-            let phone = links[id]?.connection.phoneKey
-            switch reason {
-            case .refused(let code):
-                if code == .handshakeFailed || code == .replayedHandshake || code == .malformed || code == .staleAdvertisement {
-                    failedHandshakes.record(id.address, now: now)
-                }
-                audit.info("refused \(id.address)\(phone.map { " phone \($0.fingerprint)" } ?? ""): \(code)")
-            case .protocolViolation(let why):
-                audit.notice("dropped \(id.address)\(phone.map { " phone \($0.fingerprint)" } ?? ""): \(why)")
-            case .timedOut:
-                failedHandshakes.record(id.address, now: now)
-                logger.info("timed out \(id.address)")
-            case .peerError(let e):
-                logger.info("phone \(id.address) ended the channel: \(e.code) \(e.detail)")
-            case .finished:
-                break
-            case .detached:
-                if let p = presences.removeValue(forKey: id) {
-                    audit.info("presence link closed by the phone: phone \(p.phone.fingerprint) user \(p.user) (no walk-away action)")
-                    readvertise()
-                }
-            }
+            closed(id, reason: reason, now: now)
             drop(id)
         }
         wakeTimers()
+    }
+
+    private func closed(_ id: CentralID, reason: BoxConnection.CloseReason, now: Duration) {
+        let phone = links[id]?.connection.phoneKey
+        let who = "\(id.address)\(phone.map { " phone \($0.fingerprint)" } ?? "")"
+        switch reason {
+        case .refused(let code):
+            if code == .handshakeFailed || code == .replayedHandshake || code == .malformed || code == .staleAdvertisement
+                || code == .notEnrolled || code == .noPairingCode {
+                failedHandshakes.record(id.address, now: now)
+            }
+            audit.notice("refused \(who): \(code)")
+        case .protocolViolation(let why):
+            if links[id]?.pairingCode != nil { audit.notice("pairing failed \(who): wrong code (\(why))") } else {
+                audit.notice("dropped \(who): \(why)")
+            }
+        case .timedOut:
+            failedHandshakes.record(id.address, now: now)
+            logger.info("timed out \(who)")
+        case .peerError(let e):
+            logger.info("phone \(id.address) ended the channel: \(e.code) \(logSafe(e.detail))")
+        case .finished:
+            break
+        case .detached:
+            if let p = presences.removeValue(forKey: id) {
+                audit.info("presence link closed by the phone: phone \(p.phone.fingerprint) user \(logSafe(p.user)) (no walk-away action)")
+                readvertise()
+            }
+        }
     }
 
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
@@ -261,9 +300,12 @@ public actor Box {
         guard let link = links.removeValue(forKey: id) else { return }
         logger.debug("disconnected \(id): \(reason)")
         if let presence = presences.removeValue(forKey: id) {
-            audit.info("presence link lost: phone \(presence.phone.fingerprint) user \(presence.user) (\(reason))")
+            audit.info("presence link lost: phone \(presence.phone.fingerprint) user \(logSafe(presence.user)) (\(reason))")
             startGrace(phone: presence.phone, user: presence.user, reason: "link lost (\(reason))", now: now)
             readvertise()
+        }
+        if link.connection.state == .awaitingPairConfirm {
+            audit.notice("pairing failed: \(id.address) phone \(link.connection.phoneKey?.fingerprint ?? "?") left without proving the code")
         }
         // A PAM stack verifying this link's push still gets its answer; the phone will not.
         if let promptID = link.prompt, prompts[promptID]?.verifying != nil {
@@ -271,30 +313,88 @@ public actor Box {
         }
     }
 
+    // MARK: - Pairing
+
+    private func completePairing(on id: CentralID, now: Duration) {
+        guard let link = links[id], let phone = link.connection.phoneKey, let code = link.pairingCode else { return }
+        var outcome = ActionResult.Outcome.done
+        if let user = enrolment.paired(phone, code: code, now: now) {
+            do {
+                try registry.enrol(phone, user: user, name: "", by: "pairing code (admin)")
+                audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin's pairing code")
+            } catch {
+                logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
+                outcome = .failed
+            }
+        } else {
+            let scope = code.user.map { " for user \(logSafe($0))" } ?? ""
+            audit.notice("paired: phone \(phone.fingerprint)\(scope); its first accepted login within \(config.pendingEnrolment) enrols it")
+        }
+        guard var connection = links[id]?.connection else { return }
+        let output = connection.finishAction(ActionResult(action: .pair, outcome: outcome))
+        links[id]?.connection = connection
+        perform(output, for: id, now: now)
+    }
+
+    /// Admin: a fresh code (`boxkeyd pair-code`), for a headless box or a pre-enrolment at
+    /// the box; with a user, the phone that proves it is enrolled for that user at once.
+    public func newPairingCode(user: String) -> PAMReply {
+        let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, now: clock.now)
+        audit.notice("pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")")
+        return .text("Pairing code for box \(identity.boxID): \(live.code) (valid \(config.pairingCodeLifetime.components.seconds) s, \(live.triesLeft) tries)\(user.isEmpty ? "" : "; enrols the phone for \(user)")")
+    }
+
+    /// Admin: enrol a phone's key (64 hex digits) for a user without a code.
+    public func enrolPhone(key: String, user: String, name: String) -> PAMReply {
+        guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { return .error("a phone key is 64 hex digits (boxkey status shows it)") }
+        guard !user.isEmpty, uid(of: user) != nil else { return .error("no such user: \(user)") }
+        do {
+            try registry.enrol(phone, user: user, name: name, by: "admin")
+            audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin")
+            return .text("enrolled \(phone.fingerprint) for \(user)")
+        } catch {
+            return .error("\(error)")
+        }
+    }
+
     // MARK: - Login
 
     private func startLogin(_ push: CredentialPush, from id: CentralID, now: Duration) {
         guard let phone = links[id]?.connection.phoneKey else { return }
-        links[id]?.deviceName = push.deviceName
-        let waiting = prompts.filter { $0.value.waiter != nil }.sorted { $0.key > $1.key }
-        guard !waiting.isEmpty else {
-            audit.info("push from phone \(phone.fingerprint) user \(push.user): box is not at a login prompt")
+        let user = push.user
+        let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
+        let enrolledFor = registry.users(of: phone)
+        let pending = enrolment.pendingEnrolment(of: phone, now: now)
+        guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user)) else {
+            audit.notice("refused push: \(who): this phone is not enrolled for that user")
+            finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
+            return
+        }
+        if rejectedByUser.isLimited(user, now: now) {
+            audit.notice("refused push: \(who): too many rejected pushes for this user")
+            finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"), now: now)
+            return
+        }
+        switch prompts.choose(for: user) {
+        case .none:
+            audit.info("refused push: \(who): box is not at a login prompt")
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
-            return
+        case .otherUser:
+            audit.info("refused push: \(who): the waiting prompt is for another user")
+            finishLogin(on: id, LoginResult(.wrongUser, reason: "the box's prompt is for another user"), now: now)
+        case .ambiguous(let candidates):
+            audit.notice("refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))")
+            finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
+        case .prompt(let promptID):
+            let ticket = registered.issueTicket(phone: phone, user: user, now: now)
+            prompts[promptID]!.waiting = false
+            prompts[promptID]!.verifying = .init(link: id, phone: phone, user: user, name: push.deviceName, ticket: ticket)
+            prompts[promptID]!.deadline = now + config.outcomeTimeout
+            links[id]?.prompt = promptID
+            audit.info("login attempt: \(who) into \(logSafe(prompts[promptID]!.description))")
+            waiters.removeValue(forKey: promptID)?.resume(returning: .push(user: user, password: push.password, ticket: ticket))
+            readvertise()
         }
-        guard let (promptID, prompt) = waiting.first(where: { $0.value.request.expectedUser.isEmpty || $0.value.request.expectedUser == push.user }) else {
-            audit.info("push from phone \(phone.fingerprint) user \(push.user): the prompt is for another user")
-            finishLogin(on: id, LoginResult(.wrongUser, reason: "the box is locked by another user"), now: now)
-            return
-        }
-        prompts[promptID]!.waiter = nil
-        prompts[promptID]!.verifying = (id, phone, push.user, push.deviceName)
-        prompts[promptID]!.deadline = now + config.outcomeTimeout
-        links[id]?.prompt = promptID
-        audit.info("login attempt: phone \(phone.fingerprint) (\(push.deviceName)) user \(push.user) into \(prompt.request.service)")
-        prompt.waiter?.resume(returning: .push(user: push.user, password: push.password.unprotectedCopy))
-        readvertise()
-        wakeTimers()
     }
 
     private func finishLogin(on id: CentralID, _ result: LoginResult, now: Duration) {
@@ -306,35 +406,46 @@ public actor Box {
 
     // MARK: - PAM bridge
 
-    public func status() -> PAMReply {
-        .info(boxID: identity.boxID.description, fingerprint: identity.fingerprint)
-    }
-
-    /// Registers a login prompt; the push (or the timeout) comes through `awaitPush`.
-    public func registerPrompt(_ request: PAMRequest.WaitRequest) -> UInt64 {
-        nextPromptID += 1
-        let id = nextPromptID
-        let wait = min(Duration.milliseconds(Int(request.timeoutMilliseconds)), config.maxPromptWait)
-        // A new prompt on the same terminal replaces the old one (the greeter restarted).
-        for (other, p) in prompts where p.waiter != nil && p.request.service == request.service && p.request.tty == request.tty {
-            resolve(other, .noPush(.superseded))
+    /// A module asks to wait for a push. Phone login is offered only in configured services,
+    /// to a local process (logind), and the answer says what to show: box ID, the box key's
+    /// fingerprint in full, and the pairing code.
+    public func registerPrompt(_ request: PAMRequest.WaitRequest, peer: PAMPeer) async -> (id: UInt64?, reply: PAMReply) {
+        let what = "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(peer.pid))"
+        guard config.phoneLoginServices.contains(request.service) else {
+            audit.info("not offering phone login to \(what): service not configured for it")
+            return (nil, .notOffered("phone login is not enabled for \(request.service)"))
         }
-        prompts[id] = Prompt(request: request, deadline: clock.now + wait, waiter: nil)
-        logger.info("login prompt waiting: \(request.service)\(request.tty.isEmpty ? "" : " on \(request.tty)")\(request.expectedUser.isEmpty ? "" : " for \(request.expectedUser)")")
+        let owner: LoginSession?
+        do { owner = try await sessions.session(ofPID: peer.pid) } catch {
+            audit.warning("not offering phone login to \(what): logind did not answer (\(error))")
+            return (nil, .notOffered("logind did not answer"))
+        }
+        if let why = Locality.refusal(request, owner: owner) {
+            audit.notice("not offering phone login to \(what): \(why)")
+            return (nil, .notOffered(why))
+        }
+        let now = clock.now
+        let wait = min(Duration.milliseconds(Int(request.timeoutMilliseconds)), config.maxPromptWait)
+        let (id, superseded) = prompts.add(request, owner: owner, deadline: now + wait)
+        for other in superseded { resolve(other, .noPush(.superseded)) }
+        let code = enrolment.codeForPrompt(user: request.expectedUser.isEmpty ? nil : request.expectedUser, now: now)
+        logger.info("login prompt waiting: \(logSafe(prompts[id]!.description))\(request.expectedUser.isEmpty ? "" : " for \(logSafe(request.expectedUser))")")
         wakeTimers()
-        return id
+        let seconds = UInt32(max(0, (code.expires - now).components.seconds))
+        return (id, .prompt(boxID: identity.boxID.description, fingerprint: identity.fingerprint, pairingCode: code.code.text, codeSeconds: seconds))
     }
 
     /// Waits for a push to prompt `id`, its timeout, or its cancellation.
-    public func awaitPush(_ id: UInt64) async -> PAMReply {
+    public func awaitPush(_ id: UInt64) async -> PromptAnswer {
         // Shutting down (or the connection's task ending) releases the prompt at once.
         await withTaskCancellationHandler {
-            await withCheckedContinuation { (c: CheckedContinuation<PAMReply, Never>) in
+            await withCheckedContinuation { (c: CheckedContinuation<PromptAnswer, Never>) in
                 guard prompts[id] != nil, prompts[id]?.verifying == nil, !Task.isCancelled else {
                     c.resume(returning: .noPush(.shuttingDown))
                     return
                 }
-                prompts[id]?.waiter = c
+                prompts[id]?.waiting = true
+                waiters[id] = c
                 readvertise()
             }
         } onCancel: {
@@ -344,84 +455,138 @@ public actor Box {
 
     public func hasPush(_ id: UInt64) -> Bool { prompts[id]?.verifying != nil }
 
-    private func resolve(_ id: UInt64, _ reply: PAMReply) {
-        guard let waiter = prompts[id]?.waiter else { return }
-        prompts[id]?.waiter = nil
-        if prompts[id]?.verifying == nil { prompts[id] = nil }
-        waiter.resume(returning: reply)
+    private func resolve(_ id: UInt64, _ answer: PromptAnswer) {
+        guard let waiter = waiters.removeValue(forKey: id) else { return }
+        if prompts[id]?.verifying == nil { prompts.remove(id) } else { prompts[id]?.waiting = false }
+        waiter.resume(returning: answer)
         readvertise()
     }
 
     /// The module gave up, or its connection closed.
     public func promptClosed(_ id: UInt64) {
         guard let prompt = prompts[id] else { return }
-        if prompt.waiter != nil { resolve(id, .noPush(.timedOut)); return }
+        if waiters[id] != nil { resolve(id, .noPush(.timedOut)); return }
         if prompt.verifying != nil {
             // The stack ended without a report (the application died): tell the phone no.
-            report(id, accepted: false, reason: "the login was abandoned")
+            report(id, .rejected, reason: "the login was abandoned")
         }
-        prompts[id] = nil
+        prompts.remove(id)
     }
 
-    /// The PAM stack's verdict on a push.
-    public func report(_ id: UInt64, accepted: Bool, reason: String) {
-        guard let prompt = prompts.removeValue(forKey: id), let v = prompt.verifying else { return }
+    /// The PAM stack's verdict on a push. Credit — "accepted", enrolment, a presence link —
+    /// only when the password the stack verified is the one the phone pushed.
+    public func report(_ id: UInt64, _ verdict: PAMRequest.Verdict, reason: String) {
+        guard let prompt = prompts[id], let v = prompt.verifying else { return }
+        prompts.remove(id)
         let now = clock.now
-        if accepted {
-            audit.info("login accepted: phone \(v.phone.fingerprint) (\(v.name)) user \(v.user) via \(prompt.request.service)")
-            do {
-                if try registry.recordLogin(v.phone, user: v.user, name: v.name) {
-                    audit.info("paired: new phone \(v.phone.fingerprint) (\(v.name)) for user \(v.user)")
+        let who = "phone \(v.phone.fingerprint) (\(logSafe(v.name))) user \(logSafe(v.user)) via \(logSafe(prompt.description))"
+        switch verdict {
+        case .accepted:
+            audit.info("login accepted: \(who)")
+            if !registry.users(of: v.phone).contains(v.user) {
+                do {
+                    try registry.enrol(v.phone, user: v.user, name: v.name, by: "pairing code")
+                    audit.notice("enrolled: phone \(v.phone.fingerprint) (\(logSafe(v.name))) for user \(logSafe(v.user)) by its first login under a pairing code")
+                } catch {
+                    logger.error("cannot enrol phone \(v.phone.fingerprint): \(error)")
                 }
-            } catch {
-                logger.error("cannot record phone \(v.phone.fingerprint): \(error)")
+            }
+            enrolment.settle(v.phone)
+            try? registry.recordLogin(v.phone, name: v.name)
+            // A locker in the user's own session: that session is the one this push unlocked.
+            if let owner = prompt.owner, owner.sessionClass != "greeter", owner.user == v.user {
+                registered.register(owner, service: prompt.request.service, phone: v.phone)
             }
             lockedUsers.remove(v.user)
             if links[v.link] != nil {
-                presences[v.link] = Presence(phone: v.phone, user: v.user, nextSample: now + config.rssiInterval)
+                presences[v.link] = PresenceMonitor(phone: v.phone, user: v.user, settings: presenceSettings, now: now)
                 graces[v.phone] = nil
             }
-            finishLogin(on: v.link, LoginResult(.accepted), now: now)
+            finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
             readvertise()
-        } else {
+        case .acceptedOther:
+            audit.notice("login completed without the phone's password: \(who); the phone gets no credit")
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
             rejectedByPhone.record(v.phone, now: now)
-            rejectedTotal.record("all", now: now)
-            audit.info("login rejected: phone \(v.phone.fingerprint) user \(v.user) via \(prompt.request.service): \(reason)")
-            finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : reason), now: now)
+            rejectedByUser.record(v.user, now: now)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: "the box logged in with a password typed at the keyboard, not the one this phone pushed"), now: now)
+        case .rejected:
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
+            rejectedByPhone.record(v.phone, now: now)
+            rejectedByUser.record(v.user, now: now)
+            audit.notice("login rejected: \(who): \(logSafe(reason))")
+            finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
         }
     }
 
-    public func openSession(user: String, sessionID: String, service: String) {
-        guard !sessionID.isEmpty else { return }
-        sessionsByUser[user] = sessionID
-        logger.info("session \(sessionID) opened for \(user) by \(service)")
+    /// `pam_sm_open_session`: registers the session only if logind says it is a local session
+    /// of that user's uid; the ticket binds it to the phone whose push opened it.
+    public func openSession(user: String, sessionID: String, service: String, ticket: String) async {
+        let what = "session \(logSafe(sessionID)) for \(logSafe(user)) by \(logSafe(service))"
+        guard let uid = uid(of: user) else {
+            audit.notice("refused to register \(what): no such user")
+            return
+        }
+        let session: LoginSession?
+        do { session = try await sessions.session(id: sessionID) } catch {
+            audit.warning("refused to register \(what): logind did not answer (\(error))")
+            return
+        }
+        guard let session else { audit.notice("refused to register \(what): logind does not know it"); return }
+        guard session.uid == uid else {
+            audit.warning("refused to register \(what): logind says it belongs to uid \(session.uid), not \(uid)")
+            return
+        }
+        guard session.isLocal else {
+            logger.info("not registering \(what): not a local session")
+            return
+        }
+        let phone = registered.redeem(ticket, user: user, now: clock.now)
+        registered.register(session, service: service, phone: phone)
+        logger.info("session \(logSafe(sessionID)) (\(logSafe(user)), \(logSafe(session.place))) registered by \(logSafe(service))\(phone.map { " for phone \($0.fingerprint)" } ?? "")")
     }
 
     public func closeSession(sessionID: String) {
-        sessionsByUser = sessionsByUser.filter { $0.value != sessionID }
+        registered.close(sessionID)
     }
 
     // MARK: - Lock, logout, attach, walk-away
 
     private func act(_ action: ActionResult.Action, for id: CentralID) async {
         guard let phone = links[id]?.connection.phoneKey else { return }
-        let user = registry.phone(phone)?.user
+        let users = registry.users(of: phone)
         var outcome: ActionResult.Outcome = .noSession
-        if let user, let session = sessionsByUser[user], action != .attach || !lockedUsers.contains(user) {
+        if users.isEmpty {
+            audit.notice("refused \(action) from phone \(phone.fingerprint): not enrolled")
+        } else {
+            let bound = registered.sessions(boundTo: phone)
+            let known = users.flatMap { registered.sessions(of: $0) }
+            let targets = bound.isEmpty ? known : bound
             switch action {
             case .lock:
-                outcome = await run("lock", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.lock(session: $0) }
-                if outcome == .done { lockedUsers.insert(user) }
+                // Lock is harmless: when unsure which session, lock all of the users' local ones.
+                outcome = await lock(targets, orAllOf: users, phone: phone, reason: "phone asked")
+                if outcome == .done { lockedUsers.formUnion(users) }
                 endPresence(of: phone)
             case .logout:
-                outcome = await run("logout", session: session, user: user, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
-                if outcome == .done { sessionsByUser[user] = nil }
+                if targets.isEmpty {
+                    audit.notice("refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))")
+                } else {
+                    outcome = await run("logout", targets, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
+                    if outcome == .done { for s in targets { registered.close(s.id) } }
+                }
                 endPresence(of: phone)
             case .attach:
-                graces[phone] = nil
-                presences[id] = Presence(phone: phone, user: user, nextSample: clock.now + config.rssiInterval)
-                audit.info("presence link back: phone \(phone.fingerprint) user \(user)")
-                outcome = .done
+                if let user = users.first(where: { !lockedUsers.contains($0) && !registered.sessions(of: $0).isEmpty }) {
+                    graces[phone] = nil
+                    presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: clock.now)
+                    audit.info("presence link back: phone \(phone.fingerprint) user \(logSafe(user))")
+                    outcome = .done
+                } else {
+                    audit.info("refused attach from phone \(phone.fingerprint): no unlocked session on record")
+                }
+            case .pair:
+                break
             }
         }
         guard var connection = links[id]?.connection else { return }
@@ -440,16 +605,36 @@ public actor Box {
         graces[phone] = nil
     }
 
-    private func run(_ what: String, session: String, user: String, phone: PublicKey, reason: String,
+    private func run(_ what: String, _ targets: [LoginSession], phone: PublicKey, reason: String,
                      _ body: @Sendable (String) async throws -> Void) async -> ActionResult.Outcome {
-        do {
-            try await body(session)
-            audit.info("\(what): session \(session) user \(user) phone \(phone.fingerprint) (\(reason))")
-            return .done
-        } catch {
-            logger.error("\(what) of session \(session) failed: \(error)")
-            return .failed
+        var done = 0
+        for s in targets {
+            do {
+                try await body(s.id)
+                audit.notice("\(what): session \(logSafe(s.id)) (\(logSafe(s.place))) user \(logSafe(s.user)) phone \(phone.fingerprint) (\(reason))")
+                done += 1
+            } catch {
+                logger.error("\(what) of session \(logSafe(s.id)) failed: \(error)")
+            }
         }
+        return done > 0 ? .done : .failed
+    }
+
+    /// Locks `targets`; with none on record, every local session of `users` that logind
+    /// lists — walk-away fails closed.
+    private func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String) async -> ActionResult.Outcome {
+        var list = targets
+        if list.isEmpty {
+            for user in users {
+                guard let uid = uid(of: user) else { continue }
+                do { list += try await sessions.sessions(ofUID: uid).filter(\.isLocal) } catch {
+                    audit.error("cannot list the sessions of \(logSafe(user)) to lock them: \(error)")
+                }
+            }
+            audit.notice("no session on record for \(users.map(logSafe).joined(separator: ", ")): locking all \(list.count) local session(s)")
+        }
+        guard !list.isEmpty else { return .noSession }
+        return await run(reason.hasPrefix("phone") ? "lock" : "walk-away lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
     }
 
     private func startGrace(phone: PublicKey, user: String, reason: String, now: Duration) {
@@ -459,45 +644,40 @@ public actor Box {
     }
 
     private func walkAway(phone: PublicKey, user: String, reason: String) async {
-        guard let session = sessionsByUser[user] else {
-            logger.warning("phone \(phone.fingerprint) walked away but user \(user) has no registered session to \(config.policy.rawValue)")
-            return
-        }
+        let bound = registered.sessions(boundTo: phone)
         switch config.policy {
         case .lock:
-            if await run("walk-away lock", session: session, user: user, phone: phone, reason: reason, { try await self.sessions.lock(session: $0) }) == .done {
-                lockedUsers.insert(user)
-            }
+            if await lock(bound, orAllOf: [user], phone: phone, reason: reason) == .done { lockedUsers.insert(user) }
         case .logout:
-            if await run("walk-away logout", session: session, user: user, phone: phone, reason: reason, { try await self.sessions.terminate(session: $0) }) == .done {
-                sessionsByUser[user] = nil
+            if bound.isEmpty {
+                // Unsure which session: lock them all rather than end one by guess.
+                if await lock([], orAllOf: [user], phone: phone, reason: reason) == .done { lockedUsers.insert(user) }
+            } else if await run("walk-away logout", bound, phone: phone, reason: reason, { try await self.sessions.terminate(session: $0) }) == .done {
+                for s in bound { registered.close(s.id) }
             }
         case .none:
             break
         }
     }
 
-    /// An RSSI sample of a presence link; acts when the mean stays below the lock threshold
-    /// for `awayAfter`, and forgets the countdown only above the return threshold (hysteresis).
-    public func rssiSample(_ id: CentralID, _ rssi: Int, now: Duration) async {
-        guard var p = presences[id] else { return }
-        p.samples.append(rssi)
-        if p.samples.count > config.rssiSamples { p.samples.removeFirst(p.samples.count - config.rssiSamples) }
-        p.nextSample = now + config.rssiInterval
-        let mean = Double(p.samples.reduce(0, +)) / Double(p.samples.count)
-        if p.samples.count >= config.rssiSamples, mean < Double(config.rssiLockThreshold) {
-            p.belowSince = p.belowSince ?? now
-        } else if mean > Double(config.rssiReturnThreshold) {
-            p.belowSince = nil
-        }
-        presences[id] = p
-        if let since = p.belowSince, now - since >= config.awayAfter {
-            presences[id] = nil
-            audit.info("walked away: phone \(p.phone.fingerprint) user \(p.user), mean RSSI \(Int(mean)) dBm")
-            drop(id)
-            readvertise()
-            await walkAway(phone: p.phone, user: p.user, reason: "signal below \(config.rssiLockThreshold) dBm")
-        }
+    var presenceSettings: PresenceMonitor.Settings {
+        .init(keepaliveTimeout: config.keepaliveTimeout, rssiInterval: config.rssiInterval, samples: config.rssiSamples,
+              lockThreshold: config.rssiLockThreshold, returnThreshold: config.rssiReturnThreshold, awayAfter: config.awayAfter)
+    }
+
+    /// An RSSI reading of a presence link (nil: the read failed, which is no sample).
+    public func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) async {
+        presences[id]?.sample(rssi, now: now)
+        await checkPresence(id, now: now)
+    }
+
+    private func checkPresence(_ id: CentralID, now: Duration) async {
+        guard let p = presences[id], let why = p.away(now: now) else { return }
+        presences[id] = nil
+        audit.notice("walked away: phone \(p.phone.fingerprint) user \(logSafe(p.user)): \(why)")
+        drop(id)
+        readvertise()
+        await walkAway(phone: p.phone, user: p.user, reason: why)
     }
 
     // MARK: - Time
@@ -511,25 +691,28 @@ public actor Box {
         for id in Array(links.keys) {
             guard var link = links[id] else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
-                logger.notice("\(id.address) stalled mid-message")
+                audit.notice("dropped \(id.address): stalled mid-message")
                 drop(id)
             }
             let output = link.connection.tick(now: now)
             links[id] = link
             perform(output, for: id, now: now)
         }
-        for (id, prompt) in prompts where prompt.deadline <= now {
-            if prompt.waiter != nil {
-                resolve(id, .noPush(.timedOut))
+        for prompt in prompts.prompts.values where prompt.deadline <= now {
+            if waiters[prompt.id] != nil {
+                resolve(prompt.id, .noPush(.timedOut))
             } else if let v = prompt.verifying {
-                prompts[id] = nil
+                prompts.remove(prompt.id)
                 finishLogin(on: v.link, LoginResult(.timedOut, reason: "the login prompt did not report an outcome"), now: now)
+            } else {
+                prompts.remove(prompt.id)
             }
         }
         for (phone, grace) in graces where grace.deadline <= now {
             graces[phone] = nil
             await walkAway(phone: phone, user: grace.user, reason: grace.reason)
         }
+        for id in Array(presences.keys) { await checkPresence(id, now: now) }
         return presences.filter { $0.value.nextSample <= now }.map(\.key)
     }
 
@@ -540,9 +723,9 @@ public actor Box {
             if let d = link.connection.nextDeadline { deadlines.append(d) }
             if !link.reassembler.isIdle { deadlines.append(clock.now + .milliseconds(500)) }
         }
-        deadlines += prompts.values.map(\.deadline)
+        deadlines += prompts.prompts.values.map(\.deadline)
         deadlines += graces.values.map(\.deadline)
-        deadlines += presences.values.map(\.nextSample)
+        deadlines += presences.values.map(\.nextDeadline)
         return deadlines.min()
     }
 
@@ -550,36 +733,43 @@ public actor Box {
 
     public func phoneList() -> String {
         let formatter = ISO8601DateFormatter()
-        if registry.phones.isEmpty { return "no phones have logged in to this box yet" }
+        if registry.phones.isEmpty { return "no phones are enrolled at this box" }
         return registry.phones.map { p in
-            "\(p.fingerprint)  \(p.user)  \(p.name.isEmpty ? "-" : p.name)  first \(formatter.string(from: p.firstLogin))  last \(formatter.string(from: p.lastLogin))\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
+            let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.joined(separator: ",")
+            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : p.name)  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
         }.joined(separator: "\n")
     }
 
     public func revoke(fingerprint: String) -> PAMReply {
         do {
             let phone = try registry.revoke(fingerprint: fingerprint)
-            audit.info("revoked: phone \(phone.fingerprint) (\(phone.name)) user \(phone.user)")
+            audit.notice("revoked: phone \(phone.fingerprint) (\(logSafe(phone.name))) users \(phone.users.map(logSafe).joined(separator: ","))")
             // Drop its live links: a revoked phone keeps nothing.
             for (id, link) in links where link.connection.phoneKey.map({ hex($0.bytes) }) == phone.key {
                 presences[id] = nil
                 drop(id)
             }
-            return .text("revoked \(phone.fingerprint) (\(phone.user), \(phone.name))")
+            if let bytes = unhex(phone.key), let key = try? PublicKey(bytes) { enrolment.settle(key) }
+            return .text("revoked \(phone.fingerprint) (\(phone.users.joined(separator: ",")), \(phone.name))")
         } catch {
             return .error("\(error)")
         }
     }
 
     public func statusText() -> String {
+        let now = clock.now
+        let code = enrolment.current(now: now)
         var lines = [
             "box ID:      \(identity.boxID)",
             "key:         \(identity.fingerprint)",
+            "public key:  \(hex(identity.keyPair.publicKey.bytes))",
             "radio:       \(radioDescription)",
             "connections: \(links.count)",
-            "prompts:     \(prompts.values.filter { $0.waiter != nil }.map { "\($0.request.service)\($0.request.tty.isEmpty ? "" : "@\($0.request.tty)")" }.joined(separator: ", "))",
+            "prompts:     \(prompts.waiting.map(\.description).joined(separator: ", "))",
+            "pairing:     \(code.map { "a code is live for \(($0.expires - now).components.seconds) s, \($0.triesLeft) tries left" } ?? "no live code"), \(enrolment.pendingCount) phone(s) pending",
+            "sessions:    \(registered.entries.values.map { "\($0.session.id) (\($0.session.user), \($0.session.place))" }.sorted().joined(separator: ", "))",
             "presence:    \(presences.values.map { "\($0.user) (phone \($0.phone.fingerprint))" }.joined(separator: ", "))",
-            "phones:      \(registry.phones.filter { !$0.revoked }.count) paired, \(registry.phones.filter(\.revoked).count) revoked",
+            "phones:      \(registry.phones.filter(\.enrolled).count) enrolled, \(registry.phones.filter(\.revoked).count) revoked",
         ]
         if !graces.isEmpty { lines.append("grace:       \(graces.values.map(\.user).joined(separator: ", "))") }
         return lines.joined(separator: "\n")
@@ -590,8 +780,50 @@ public actor Box {
     }
 
     public func shutdown() {
-        for id in Array(prompts.keys) { resolve(id, .noPush(.shuttingDown)) }
+        for id in Array(waiters.keys) { resolve(id, .noPush(.shuttingDown)) }
         outboxContinuation.finish()
         doorbell.signal()
+    }
+
+    nonisolated func uid(of user: String) -> UInt32? { userID(user) }
+
+    public static let systemUserID: @Sendable (String) -> UInt32? = { user in
+        guard let pw = getpwnam(user) else { return nil }
+        return UInt32(pw.pointee.pw_uid)
+    }
+}
+
+/// Which prompts are local enough for phone login (a phone near the box cannot vouch for
+/// someone elsewhere). Decided from what logind says of the asking process, never from what
+/// it says of itself, except for the terminal of a process logind has no session for (a
+/// display manager's worker or getty's `login`, both root, before their session exists).
+enum Locality {
+    static let loopbackHosts: Set<String> = ["localhost", "localhost.localdomain", "127.0.0.1", "::1"]
+
+    static func refusal(_ r: PAMRequest.WaitRequest, owner: LoginSession?) -> String? {
+        if let owner {
+            guard owner.isLocal else { return "the asking process is in \(owner.remote ? "a remote session" : "a session on no seat")" }
+            if !r.remoteHost.isEmpty, !loopbackHosts.contains(r.remoteHost) { return "remote login from \(r.remoteHost)" }
+            if owner.sessionClass != "greeter", !r.expectedUser.isEmpty, owner.user != r.expectedUser {
+                return "a prompt for \(r.expectedUser) inside \(owner.user)'s session"
+            }
+            return nil
+        }
+        if !r.remoteHost.isEmpty { return "remote login from \(r.remoteHost) with no local session" }
+        if isLocalTerminal(r.tty) || isLocalDisplay(r.display) || isLocalDisplay(r.tty) { return nil }
+        return "not a local session (no logind session; terminal \"\(r.tty)\")"
+    }
+
+    /// A virtual console: tty1 ... tty63 (with or without /dev/).
+    static func isLocalTerminal(_ tty: String) -> Bool {
+        let name = tty.hasPrefix("/dev/") ? String(tty.dropFirst(5)) : tty
+        guard name.hasPrefix("tty"), let n = Int(name.dropFirst(3)) else { return false }
+        return (1...63).contains(n)
+    }
+
+    /// A local X display: ":0", ":1.0" (a host part means a network display).
+    static func isLocalDisplay(_ display: String) -> Bool {
+        guard display.hasPrefix(":") else { return false }
+        return display.dropFirst().allSatisfy { $0.isNumber || $0 == "." } && display.count > 1
     }
 }

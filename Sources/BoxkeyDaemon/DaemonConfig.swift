@@ -26,8 +26,12 @@ public struct DaemonConfig: Sendable, Equatable {
     // [limits]
     public var failedHandshakesPerMinute = 20
     public var rejectedPushesPerPhone = 5
-    public var rejectedPushesTotal = 20
+    public var rejectedPushesPerUser = 10
     public var rejectionWindow: Duration = .seconds(15 * 60)
+    // [enrolment]
+    public var pairingCodeLifetime: Duration = .seconds(120)
+    public var pairingCodeTries = 3
+    public var pendingEnrolment: Duration = .seconds(300)
     // [presence]
     public var policy: Policy = .lock
     public var grace: Duration = .seconds(5)
@@ -36,11 +40,23 @@ public struct DaemonConfig: Sendable, Equatable {
     public var rssiSamples = 5
     public var rssiInterval: Duration = .seconds(1)
     public var awayAfter: Duration = .seconds(5)
+    /// No sealed keepalive for this long counts as walking away (the phone sends one every
+    /// `BoxkeyProtocol.keepaliveInterval`, 2 s).
+    public var keepaliveTimeout: Duration = .seconds(6)
     // [pam]
     public var pamSocket = "/run/boxkey/pam.sock"
     /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
     public var pamAllowedUIDs: [UInt32] = []
     public var maxPromptWait: Duration = .seconds(120)
+    /// PAM services that may offer phone login: display managers, console login, screen
+    /// lockers. Never sudo, su, polkit-1, sshd or cron unless an admin adds them.
+    public var phoneLoginServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
+
+    public static let defaultPhoneLoginServices: Set<String> = [
+        "login", "gdm-password", "gdm-boxkey", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
+        "xscreensaver", "gnome-screensaver", "cinnamon-screensaver", "mate-screensaver", "xfce4-screensaver",
+        "kde", "kscreenlocker", "swaylock", "i3lock", "light-locker", "slock", "xsecurelock",
+    ]
 
     public init() {}
 
@@ -67,7 +83,7 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         var c = DaemonConfig()
         var reader = Reader(source: source)
-        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam"])
+        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment"])
         if let t = try reader.section(table, "box", keys: ["id", "state_directory"]) {
             if let id = try reader.string(t, "box", "id") {
                 guard let boxID = BoxID(id) else { throw Error("\(source): [box] id must be four digits, got \"\(id)\"") }
@@ -92,13 +108,18 @@ public struct DaemonConfig: Sendable, Equatable {
             c.outcomeTimeout = try reader.seconds(t, "sessions", "outcome_timeout_s", 5...600) ?? c.outcomeTimeout
             c.maxConnections = try reader.int(t, "sessions", "max_connections", 1...32) ?? c.maxConnections
         }
-        if let t = try reader.section(table, "limits", keys: ["failed_handshakes_per_minute", "rejected_pushes_per_phone", "rejected_pushes_total", "rejection_window_s"]) {
+        if let t = try reader.section(table, "limits", keys: ["failed_handshakes_per_minute", "rejected_pushes_per_phone", "rejected_pushes_per_user", "rejection_window_s"]) {
             c.failedHandshakesPerMinute = try reader.int(t, "limits", "failed_handshakes_per_minute", 1...10_000) ?? c.failedHandshakesPerMinute
             c.rejectedPushesPerPhone = try reader.int(t, "limits", "rejected_pushes_per_phone", 1...1000) ?? c.rejectedPushesPerPhone
-            c.rejectedPushesTotal = try reader.int(t, "limits", "rejected_pushes_total", 1...10_000) ?? c.rejectedPushesTotal
+            c.rejectedPushesPerUser = try reader.int(t, "limits", "rejected_pushes_per_user", 1...10_000) ?? c.rejectedPushesPerUser
             c.rejectionWindow = try reader.seconds(t, "limits", "rejection_window_s", 10...86_400) ?? c.rejectionWindow
         }
-        if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s"]) {
+        if let t = try reader.section(table, "enrolment", keys: ["code_lifetime_s", "code_tries", "pending_s"]) {
+            c.pairingCodeLifetime = try reader.seconds(t, "enrolment", "code_lifetime_s", 30...600) ?? c.pairingCodeLifetime
+            c.pairingCodeTries = try reader.int(t, "enrolment", "code_tries", 1...10) ?? c.pairingCodeTries
+            c.pendingEnrolment = try reader.seconds(t, "enrolment", "pending_s", 30...3600) ?? c.pendingEnrolment
+        }
+        if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s", "keepalive_timeout_s"]) {
             if let p = try reader.string(t, "presence", "policy") {
                 guard let policy = Policy(rawValue: p) else { throw Error("\(source): [presence] policy must be lock, logout or none") }
                 c.policy = policy
@@ -109,11 +130,19 @@ public struct DaemonConfig: Sendable, Equatable {
             c.rssiSamples = try reader.int(t, "presence", "rssi_samples", 1...100) ?? c.rssiSamples
             c.rssiInterval = try reader.milliseconds(t, "presence", "rssi_interval_ms", 100...60_000) ?? c.rssiInterval
             c.awayAfter = try reader.milliseconds(t, "presence", "away_after_s", 0...3_600_000, scale: 1000) ?? c.awayAfter
+            // At least two keepalive intervals, so one late keepalive is not a walk-away.
+            c.keepaliveTimeout = try reader.seconds(t, "presence", "keepalive_timeout_s", 3...600) ?? c.keepaliveTimeout
             guard c.rssiReturnThreshold > c.rssiLockThreshold else {
                 throw Error("\(source): [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")
             }
         }
-        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s"]) {
+        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "services"]) {
+            if let list = t["services"] {
+                guard let array = list.array, let names = Optional(array.compactMap(\.string)), names.count == array.count else {
+                    throw Error("\(source): [pam] services must be a list of PAM service names")
+                }
+                c.phoneLoginServices = Set(names)
+            }
             c.pamSocket = try reader.string(t, "pam", "socket") ?? c.pamSocket
             if let uids = t["allowed_uids"] {
                 guard let array = uids.array else { throw Error("\(source): [pam] allowed_uids must be an array of numbers") }
@@ -183,7 +212,14 @@ public struct DaemonConfig: Sendable, Equatable {
         if value.hasPrefix("[") {
             guard value.last == "]" else { return false }
             let items = value.dropFirst().dropLast().split(separator: ",", omittingEmptySubsequences: false).map(trimmed)
+            // A list of whole numbers, or of plain strings (names: letters, digits, - _ . @).
+            func isPlainString(_ v: Substring) -> Bool {
+                v.count >= 2 && v.first == "\"" && v.last == "\"" && v.dropFirst().dropLast().allSatisfy {
+                    $0.isASCII && ($0.isLetter || $0.isNumber || "-_.@".contains($0))
+                }
+            }
             return items == [""] || items.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+                || items.allSatisfy(isPlainString)
         }
         return isNumber(value)
     }

@@ -1,3 +1,4 @@
+import BoxkeyCore
 import BoxkeyPAMWire
 import CBoxkeySys
 import Foundation
@@ -59,29 +60,40 @@ public struct PAMBridge: Service, CustomStringConvertible {
         unlink(path)
     }
 
-    private func peerUID(_ channel: any Channel) async -> UInt32? {
+    private func peer(_ channel: any Channel) async -> PAMPeer? {
         guard let provider = channel as? SocketOptionProvider else { return nil }
         let credentials: boxkey_ucred? = try? await provider.unsafeGetSocketOption(
             level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get()
-        return credentials.map { UInt32($0.uid) }
+        return credentials.map { PAMPeer(pid: $0.pid, uid: UInt32($0.uid)) }
+    }
+
+    /// A reply, or a prompt's answer whose password is still in secure memory.
+    enum Outgoing: Sendable {
+        case reply(PAMReply)
+        case answer(PromptAnswer)
     }
 
     private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
-        guard let uid = await peerUID(connection.channel), allowedUIDs.contains(uid) else {
+        guard let peer = await peer(connection.channel), allowedUIDs.contains(peer.uid) else {
             logger.warning("PAM socket: refused a connection from a process that is not root")
             try? await connection.executeThenClose { _, _ in }
             return
         }
+        let channel = connection.channel
         try? await connection.executeThenClose { inbound, outbound in
-            let (replies, replyContinuation) = AsyncStream.makeStream(of: PAMReply.self)
+            let (replies, replyContinuation) = AsyncStream.makeStream(of: Outgoing.self)
             try await withThrowingTaskGroup(of: Void.self) { group in
                 // One writer, so replies go out whole and in order.
                 group.addTask {
-                    for await reply in replies {
-                        var bytes = reply.encode()
-                        try await outbound.write(ByteBuffer(bytes: bytes))
-                        // The push reply holds a password: wipe our copy.
-                        bytes.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) }
+                    for await item in replies {
+                        switch item {
+                        case .reply(let reply):
+                            try await outbound.write(ByteBuffer(bytes: reply.encode()))
+                        case .answer(.noPush(let reason)):
+                            try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+                        case .answer(.push(let user, let password, let ticket)):
+                            try await writePush(user: user, password: password, ticket: ticket, to: channel)
+                        }
                     }
                 }
                 var state = PAMConnectionState.fresh
@@ -89,41 +101,45 @@ public struct PAMBridge: Service, CustomStringConvertible {
                 requests: for try await frame in inbound {
                     let request: PAMRequest
                     do { request = try PAMRequest.decode(Array(buffer: frame)) } catch {
-                        replyContinuation.yield(.error("malformed request: \(error)"))
+                        replyContinuation.yield(.reply(.error("malformed request: \(error)")))
                         break
                     }
                     if state == .waiting, let prompt, await box.hasPush(prompt) { state = .pushed }
                     guard let next = state.next(on: request) else {
                         logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
-                        replyContinuation.yield(.error("request not allowed now"))
+                        replyContinuation.yield(.reply(.error("request not allowed now")))
                         break
                     }
                     state = next
                     switch request {
-                    case .status:
-                        replyContinuation.yield(await box.status())
                     case .waitForPush(let r):
-                        let id = await box.registerPrompt(r)
+                        let (id, reply) = await box.registerPrompt(r, peer: peer)
+                        replyContinuation.yield(.reply(reply))
+                        guard let id else { break requests }
                         prompt = id
                         // The wait runs beside this read loop, so a cancel or a hang-up ends it.
-                        group.addTask { replyContinuation.yield(await box.awaitPush(id)) }
+                        group.addTask { replyContinuation.yield(.answer(await box.awaitPush(id))) }
                     case .cancel:
                         if let prompt { await box.promptClosed(prompt) }
-                    case .reportOutcome(let accepted, let reason):
-                        if let prompt { await box.report(prompt, accepted: accepted, reason: reason) }
-                        replyContinuation.yield(.ok)
-                    case .openSession(let user, let session, let service):
-                        await box.openSession(user: user, sessionID: session, service: service)
-                        replyContinuation.yield(.ok)
+                    case .reportOutcome(let verdict, let reason):
+                        if let prompt { await box.report(prompt, verdict, reason: reason) }
+                        replyContinuation.yield(.reply(.ok))
+                    case .openSession(let user, let session, let service, let ticket):
+                        await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
+                        replyContinuation.yield(.reply(.ok))
                     case .closeSession(let session):
                         await box.closeSession(sessionID: session)
-                        replyContinuation.yield(.ok)
+                        replyContinuation.yield(.reply(.ok))
                     case .listPhones:
-                        replyContinuation.yield(.text(await box.phoneList()))
+                        replyContinuation.yield(.reply(.text(await box.phoneList())))
                     case .revokePhone(let fingerprint):
-                        replyContinuation.yield(await box.revoke(fingerprint: fingerprint))
+                        replyContinuation.yield(.reply(await box.revoke(fingerprint: fingerprint)))
                     case .daemonStatus:
-                        replyContinuation.yield(.text(await box.statusText()))
+                        replyContinuation.yield(.reply(.text(await box.statusText())))
+                    case .newPairingCode(let user):
+                        replyContinuation.yield(.reply(await box.newPairingCode(user: user)))
+                    case .enrolPhone(let key, let user, let name):
+                        replyContinuation.yield(.reply(await box.enrolPhone(key: key, user: user, name: name)))
                     }
                     if state == .done { break requests }
                 }
@@ -135,11 +151,33 @@ public struct PAMBridge: Service, CustomStringConvertible {
     }
 }
 
+/// Writes a push frame from secure memory straight into a buffer of our own, sends it, and
+/// wipes that buffer once the socket has taken it: the only copy of the password outside
+/// secure memory is then the kernel's socket buffer.
+private func writePush(user: String, password: SecureBytes, ticket: String, to channel: any Channel) async throws {
+    let length = PAMReply.pushFrameLength(user: user, passwordLength: password.count, ticket: ticket)
+    var buffer = channel.allocator.buffer(capacity: length)
+    buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: length) { out in
+        password.withUnsafeBytes { p in
+            PAMReply.writePushFrame(user: user, password: p, ticket: ticket, into: UnsafeMutableRawBufferPointer(rebasing: out[0..<length]))
+        }
+        return length
+    }
+    let written = buffer.withUnsafeReadableBytes { $0.baseAddress }
+    defer {
+        // Once the write completed the channel holds no reference, so this wipes the storage
+        // the socket read from, not a copy (the base address says which).
+        buffer.withUnsafeMutableReadableBytes { bytes in
+            if UnsafeRawPointer(bytes.baseAddress) == written { bytes.initializeMemory(as: UInt8.self, repeating: 0) }
+        }
+    }
+    try await channel.writeAndFlush(buffer)
+}
+
 extension PAMRequest {
     /// For logs: the request's kind, never its fields (a push reply holds a password).
     var name: String {
         switch self {
-        case .status: "status"
         case .waitForPush: "waitForPush"
         case .cancel: "cancel"
         case .reportOutcome: "reportOutcome"
@@ -148,6 +186,8 @@ extension PAMRequest {
         case .listPhones: "listPhones"
         case .revokePhone: "revokePhone"
         case .daemonStatus: "daemonStatus"
+        case .newPairingCode: "newPairingCode"
+        case .enrolPhone: "enrolPhone"
         }
     }
 }

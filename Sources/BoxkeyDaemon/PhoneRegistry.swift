@@ -1,19 +1,43 @@
 import BoxkeyCore
 import Foundation
 
-/// The phones this box knows: recorded at each phone's first successful login, with the user
-/// and the name the phone gave; revocation keeps the record (the audit trail) and refuses the key.
-/// Stored in `<state>/phones.json` (0600).
+/// The phones enrolled at this box, each for the users it may push for: enrolled by a pairing
+/// code shown at the box (then the user of its first accepted login) or by an administrator.
+/// Revocation keeps the record (the audit trail) and refuses the key. Stored in
+/// `<state>/phones.json` (0600). Records from protocol version 1 (trust on first use) carry no
+/// `enrolledBy` and are not honoured: those phones pair again.
 public struct PhoneRegistry: Sendable {
     public struct Phone: Codable, Sendable, Equatable {
         public var key: String
         public var fingerprint: String
         public var name: String
-        public var user: String
-        public var firstLogin: Date
-        public var lastLogin: Date
+        /// The users this phone may push for.
+        public var users: [String]
+        /// "pairing code" or "admin"; nil for version-1 records, which are not honoured.
+        public var enrolledBy: String?
+        public var enrolledAt: Date?
+        public var lastLogin: Date?
         public var revokedAt: Date?
         public var revoked: Bool { revokedAt != nil }
+        public var enrolled: Bool { enrolledBy != nil && !revoked && !users.isEmpty }
+
+        init(key: String, fingerprint: String, name: String, users: [String], enrolledBy: String?, enrolledAt: Date?) {
+            self.key = key; self.fingerprint = fingerprint; self.name = name; self.users = users
+            self.enrolledBy = enrolledBy; self.enrolledAt = enrolledAt
+        }
+
+        // Version-1 files have `user` and no `users`: they load (keeping revocations) unenrolled.
+        public init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            key = try c.decode(String.self, forKey: .key)
+            fingerprint = try c.decode(String.self, forKey: .fingerprint)
+            name = try c.decodeIfPresent(String.self, forKey: .name) ?? ""
+            users = try c.decodeIfPresent([String].self, forKey: .users) ?? []
+            enrolledBy = try c.decodeIfPresent(String.self, forKey: .enrolledBy)
+            enrolledAt = try c.decodeIfPresent(Date.self, forKey: .enrolledAt)
+            lastLogin = try c.decodeIfPresent(Date.self, forKey: .lastLogin)
+            revokedAt = try c.decodeIfPresent(Date.self, forKey: .revokedAt)
+        }
     }
 
     public private(set) var phones: [Phone] = []
@@ -45,20 +69,35 @@ public struct PhoneRegistry: Sendable {
 
     public func isRevoked(_ key: PublicKey) -> Bool { phone(key)?.revoked ?? false }
 
-    /// Records a successful login; returns true when this is the phone's first.
-    public mutating func recordLogin(_ key: PublicKey, user: String, name: String, at date: Date = Date()) throws -> Bool {
+    /// The users an enrolled, unrevoked phone may push for; empty for any other key.
+    public func users(of key: PublicKey) -> [String] {
+        guard let p = phone(key), p.enrolled else { return [] }
+        return p.users
+    }
+
+    /// Enrols `key` for `user` (adding the user to an existing record). A revoked phone stays
+    /// revoked: an administrator must remove the record first.
+    public mutating func enrol(_ key: PublicKey, user: String, name: String, by origin: String, at date: Date = Date()) throws {
         let k = hex(key.bytes)
-        var first = false
         if let i = phones.firstIndex(where: { $0.key == k }) {
-            phones[i].lastLogin = date
-            phones[i].user = user
+            guard !phones[i].revoked else { throw BoxIdentity.Error(description: "phone \(key.fingerprint) is revoked") }
+            if phones[i].enrolledBy == nil { phones[i].users = [] }
+            if !phones[i].users.contains(user) { phones[i].users.append(user) }
+            phones[i].enrolledBy = origin
+            phones[i].enrolledAt = phones[i].enrolledAt ?? date
             if !name.isEmpty { phones[i].name = name }
         } else {
-            phones.append(Phone(key: k, fingerprint: key.fingerprint, name: name, user: user, firstLogin: date, lastLogin: date))
-            first = true
+            phones.append(Phone(key: k, fingerprint: key.fingerprint, name: name, users: [user], enrolledBy: origin, enrolledAt: date))
         }
         try save()
-        return first
+    }
+
+    /// Records an accepted login of an enrolled phone.
+    public mutating func recordLogin(_ key: PublicKey, name: String, at date: Date = Date()) throws {
+        guard let i = phones.firstIndex(where: { $0.key == hex(key.bytes) }) else { return }
+        phones[i].lastLogin = date
+        if !name.isEmpty { phones[i].name = name }
+        try save()
     }
 
     /// Revokes the phone whose fingerprint (or a unique prefix of it, case-insensitive) matches.

@@ -5,7 +5,7 @@
 /// Frame: `length (2, BE, of what follows) | version (1) | type (1) | body`. Strings are
 /// `length (1) | UTF-8`; the password is `length (2, BE) | bytes`. Decoders are exact.
 public enum PAMWire {
-    public static let version: UInt8 = 1
+    public static let version: UInt8 = 2
     public static let maxFrameLength = 2048
     /// Where boxkeyd listens and pam_boxkey connects by default.
     public static let defaultSocketPath = "/run/boxkey/pam.sock"
@@ -23,60 +23,74 @@ public enum PAMWire {
 
 /// Module (or admin tool) to daemon.
 public enum PAMRequest: Equatable, Sendable {
-    /// What to show at the prompt: answered by `.info`.
-    case status
-    /// Wait for a phone's push for up to `timeoutMilliseconds`. Allowed once per connection.
+    /// Wait for a phone's push for up to `timeoutMilliseconds`. Answered at once with
+    /// `.prompt` (what to show) or `.notOffered`, then with `.push` or `.noPush`. Once per
+    /// connection.
     case waitForPush(WaitRequest)
     /// The module gave up waiting (its own timeout or the user chose the password prompt).
     case cancel
     /// The final outcome of the PAM stack for the push this connection received.
-    case reportOutcome(accepted: Bool, reason: String)
-    /// `pam_sm_open_session`: the logind session the user now has.
-    case openSession(user: String, sessionID: String, service: String)
+    case reportOutcome(Verdict, reason: String)
+    /// `pam_sm_open_session`: the logind session pam_systemd put in the PAM environment, and
+    /// the ticket of the push that authenticated it (empty when no push did).
+    case openSession(user: String, sessionID: String, service: String, ticket: String)
     case closeSession(sessionID: String)
-    /// Admin: list paired phones, revoke one by fingerprint, daemon status.
+    /// Admin: list phones, revoke one by fingerprint, daemon status, a new pairing code
+    /// (optionally for one user), enrol a phone's key for a user.
     case listPhones
     case revokePhone(fingerprint: String)
     case daemonStatus
+    case newPairingCode(user: String)
+    case enrolPhone(key: String, user: String, name: String)
 
     public struct WaitRequest: Equatable, Sendable {
         public var service: String
         public var tty: String
         public var display: String
+        /// PAM_RHOST: any value but a loopback name means remote; loopback only with a local
+        /// logind session.
+        public var remoteHost: String
         /// Empty when any user may log in (a greeter); the locked user for a screen locker.
         public var expectedUser: String
         public var timeoutMilliseconds: UInt32
-        public init(service: String, tty: String, display: String, expectedUser: String, timeoutMilliseconds: UInt32) {
+        public init(service: String, tty: String, display: String, remoteHost: String = "", expectedUser: String, timeoutMilliseconds: UInt32) {
             self.service = service
             self.tty = tty
             self.display = display
+            self.remoteHost = remoteHost
             self.expectedUser = expectedUser
             self.timeoutMilliseconds = timeoutMilliseconds
         }
     }
 
+    /// What the stack decided about a push. `acceptedOther`: the stack succeeded, but the
+    /// password it verified is not the one pushed (someone typed one at the keyboard): the
+    /// phone gets no credit, no enrolment and no presence link.
+    public enum Verdict: UInt8, Sendable { case rejected = 0, accepted = 1, acceptedOther = 2 }
+
     enum Kind: UInt8 {
-        case status = 0x01, waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04
+        case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04
         case openSession = 0x05, closeSession = 0x06
-        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12
+        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14
     }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
         switch self {
-        case .status: w.kind(Kind.status.rawValue)
         case .waitForPush(let r):
             w.kind(Kind.waitForPush.rawValue)
-            w.text(r.service); w.text(r.tty); w.text(r.display); w.text(r.expectedUser); w.u32(r.timeoutMilliseconds)
+            w.text(r.service); w.text(r.tty); w.text(r.display); w.text(r.remoteHost); w.text(r.expectedUser); w.u32(r.timeoutMilliseconds)
         case .cancel: w.kind(Kind.cancel.rawValue)
-        case .reportOutcome(let accepted, let reason):
-            w.kind(Kind.reportOutcome.rawValue); w.u8(accepted ? 1 : 0); w.text(reason)
-        case .openSession(let user, let session, let service):
-            w.kind(Kind.openSession.rawValue); w.text(user); w.text(session); w.text(service)
+        case .reportOutcome(let verdict, let reason):
+            w.kind(Kind.reportOutcome.rawValue); w.u8(verdict.rawValue); w.text(reason)
+        case .openSession(let user, let session, let service, let ticket):
+            w.kind(Kind.openSession.rawValue); w.text(user); w.text(session); w.text(service); w.text(ticket)
         case .closeSession(let session): w.kind(Kind.closeSession.rawValue); w.text(session)
         case .listPhones: w.kind(Kind.listPhones.rawValue)
         case .revokePhone(let fp): w.kind(Kind.revokePhone.rawValue); w.text(fp)
         case .daemonStatus: w.kind(Kind.daemonStatus.rawValue)
+        case .newPairingCode(let user): w.kind(Kind.newPairingCode.rawValue); w.text(user)
+        case .enrolPhone(let key, let user, let name): w.kind(Kind.enrolPhone.rawValue); w.text(key); w.text(user); w.text(name)
         }
         return w.frame()
     }
@@ -87,20 +101,21 @@ public enum PAMRequest: Equatable, Sendable {
         guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
         let request: PAMRequest
         switch kind {
-        case .status: request = .status
         case .waitForPush:
-            request = .waitForPush(WaitRequest(service: try r.text(), tty: try r.text(), display: try r.text(),
+            request = .waitForPush(WaitRequest(service: try r.text(), tty: try r.text(), display: try r.text(), remoteHost: try r.text(),
                                                expectedUser: try r.text(), timeoutMilliseconds: try r.u32()))
         case .cancel: request = .cancel
         case .reportOutcome:
-            let a = try r.u8()
-            guard a <= 1 else { throw .invalidValue(a) }
-            request = .reportOutcome(accepted: a == 1, reason: try r.text())
-        case .openSession: request = .openSession(user: try r.text(), sessionID: try r.text(), service: try r.text())
+            let v = try r.u8()
+            guard let verdict = Verdict(rawValue: v) else { throw .invalidValue(v) }
+            request = .reportOutcome(verdict, reason: try r.text())
+        case .openSession: request = .openSession(user: try r.text(), sessionID: try r.text(), service: try r.text(), ticket: try r.text())
         case .closeSession: request = .closeSession(sessionID: try r.text())
         case .listPhones: request = .listPhones
         case .revokePhone: request = .revokePhone(fingerprint: try r.text())
         case .daemonStatus: request = .daemonStatus
+        case .newPairingCode: request = .newPairingCode(user: try r.text())
+        case .enrolPhone: request = .enrolPhone(key: try r.text(), user: try r.text(), name: try r.text())
         }
         try r.end()
         return request
@@ -109,10 +124,15 @@ public enum PAMRequest: Equatable, Sendable {
 
 /// Daemon to module.
 public enum PAMReply: Equatable, Sendable {
-    /// The box ID and key fingerprint to show at the prompt.
-    case info(boxID: String, fingerprint: String)
-    /// A phone pushed credentials. The password bytes are the caller's to wipe.
-    case push(user: String, password: [UInt8])
+    /// Phone login is offered at this prompt: what to show (box ID, the box key's full
+    /// fingerprint, and the live pairing code with its seconds left, empty if none).
+    case prompt(boxID: String, fingerprint: String, pairingCode: String, codeSeconds: UInt32)
+    /// Phone login is not offered here (service not configured, not a local session, ...):
+    /// the module steps aside at once and says nothing to the user.
+    case notOffered(String)
+    /// A phone pushed credentials. The password bytes are the caller's to wipe. `ticket`
+    /// names this push when the session opens (`openSession`).
+    case push(user: String, password: [UInt8], ticket: String)
     /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok
@@ -122,13 +142,14 @@ public enum PAMReply: Equatable, Sendable {
 
     public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
 
-    enum Kind: UInt8 { case info = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86 }
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87 }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
         switch self {
-        case .info(let id, let fp): w.kind(Kind.info.rawValue); w.text(id); w.text(fp)
-        case .push(let user, let password): w.kind(Kind.push.rawValue); w.text(user); w.secret(password)
+        case .prompt(let id, let fp, let code, let seconds): w.kind(Kind.prompt.rawValue); w.text(id); w.text(fp); w.text(code); w.u32(seconds)
+        case .notOffered(let why): w.kind(Kind.notOffered.rawValue); w.text(why)
+        case .push(let user, let password, let ticket): w.kind(Kind.push.rawValue); w.text(user); w.secret(password); w.text(ticket)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
@@ -137,17 +158,40 @@ public enum PAMReply: Equatable, Sendable {
         return w.frame()
     }
 
+    /// The length of a push frame, length prefix included.
+    public static func pushFrameLength(user: String, passwordLength: Int, ticket: String) -> Int {
+        2 + 2 + (1 + min(user.utf8.count, 255)) + (2 + passwordLength) + (1 + min(ticket.utf8.count, 255))
+    }
+
+    /// Writes a push frame straight into `out` (exactly `pushFrameLength` bytes), taking the
+    /// password from the caller's memory: the daemon keeps it in secure memory up to the
+    /// socket buffer, and wipes that buffer after the write.
+    public static func writePushFrame(user: String, password: UnsafeRawBufferPointer, ticket: String, into out: UnsafeMutableRawBufferPointer) {
+        var head = WireWriter()
+        head.kind(Kind.push.rawValue); head.text(user)
+        head.bytes += [UInt8(password.count >> 8), UInt8(password.count & 0xff)]
+        var tail = WireWriter(); tail.bytes = []; tail.text(ticket)
+        let body = head.bytes.count + password.count + tail.bytes.count
+        precondition(out.count == 2 + body)
+        out[0] = UInt8(body >> 8); out[1] = UInt8(body & 0xff)
+        var i = 2
+        for b in head.bytes { out[i] = b; i += 1 }
+        for b in password { out[i] = b; i += 1 }
+        for b in tail.bytes { out[i] = b; i += 1 }
+    }
+
     public static func decode(_ body: [UInt8]) throws(PAMWire.DecodeError) -> PAMReply {
         var r = try WireReader(body)
         guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
         let reply: PAMReply
         switch kind {
-        case .info: reply = .info(boxID: try r.text(), fingerprint: try r.text())
+        case .prompt: reply = .prompt(boxID: try r.text(), fingerprint: try r.text(), pairingCode: try r.text(), codeSeconds: try r.u32())
+        case .notOffered: reply = .notOffered(try r.text())
         case .push:
             let user = try r.text()
             let password = try r.secret()
             guard !user.isEmpty, !password.isEmpty, !password.contains(0) else { throw .invalidText }
-            reply = .push(user: user, password: password)
+            reply = .push(user: user, password: password, ticket: try r.text())
         case .noPush:
             let v = try r.u8()
             guard let reason = NoPushReason(rawValue: v) else { throw .invalidValue(v) }
@@ -239,13 +283,13 @@ public enum PAMConnectionState: Equatable, Sendable {
 
     public func next(on request: PAMRequest) -> PAMConnectionState? {
         switch (self, request) {
-        case (.fresh, .status): return .fresh
         case (.fresh, .waitForPush): return .waiting
         case (.waiting, .cancel): return .done
         case (.pushed, .reportOutcome): return .done
         case (.pushed, .cancel): return .done
         case (.fresh, .openSession), (.fresh, .closeSession): return .done
-        case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone): return .fresh
+        case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone),
+             (.fresh, .newPairingCode), (.fresh, .enrolPhone): return .fresh
         default: return nil
         }
     }

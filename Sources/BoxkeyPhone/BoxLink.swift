@@ -42,6 +42,8 @@ public final class BoxLink: @unchecked Sendable {
         case radio(String)
         case refused(Refusal)
         case keyChanged
+        /// A pairing handshake failed: wrong code, or not the box that shows it.
+        case pairingFailed
         case protocolError(String)
         case linkLost(DisconnectReason)
         case timedOut(String)
@@ -51,6 +53,7 @@ public final class BoxLink: @unchecked Sendable {
             case .radio(let s): "radio: \(s)"
             case .refused(let r): "the box refused: \(r.code)"
             case .keyChanged: "the box did not prove it holds the pinned key"
+            case .pairingFailed: "pairing failed: the code was wrong, or this is not the box that shows it"
             case .protocolError(let s): "protocol error: \(s)"
             case .linkLost(let r): "the link to the box was lost (\(r))"
             case .timedOut(let s): "timed out \(s)"
@@ -66,9 +69,10 @@ public final class BoxLink: @unchecked Sendable {
     let clock = MonotonicClock()
     let mtu: Int
 
-    /// Connects, subscribes and runs the handshake.
+    /// Connects, subscribes and runs the handshake: a login handshake to a pinned key, or with
+    /// `pairingCode` a pairing handshake that proves the code and verifies `boxKey`.
     public static func open(to box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity, radio: any CentralRadio,
-                            timeout: Duration = .seconds(10)) async throws -> BoxLink {
+                            pairingCode: PairingCode? = nil, timeout: Duration = .seconds(10)) async throws -> BoxLink {
         let link: any CentralLink
         do {
             link = try await radio.connect(to: box.address, timeout: timeout)
@@ -77,7 +81,8 @@ public final class BoxLink: @unchecked Sendable {
         } catch {
             throw Failure.radio("\(error)")
         }
-        let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement),
+        let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement,
+                                                                      pairingCode: pairingCode),
                               mtu: await link.mtu)
         do {
             let first = try session.connection.start()
@@ -157,6 +162,7 @@ public final class BoxLink: @unchecked Sendable {
                     switch error {
                     case .refused(let r): throw Failure.refused(r)
                     case .boxAuthenticationFailed: throw Failure.keyChanged
+                    case .pairingFailed: throw Failure.pairingFailed
                     default: throw Failure.protocolError("\(error)")
                     }
                 }

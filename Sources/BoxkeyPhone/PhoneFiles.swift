@@ -112,9 +112,9 @@ public struct PairedBoxes: Sendable {
         box(id).flatMap { unhex($0.key) }.flatMap { try? PublicKey($0) }
     }
 
-    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress) throws {
+    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?) throws {
         file.boxes.removeAll { $0.id == id.description }
-        file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address.string, pairedAt: Date()))
+        file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address?.string, pairedAt: Date()))
         file.defaultBox = id.description
         try save()
     }

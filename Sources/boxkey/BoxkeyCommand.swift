@@ -20,6 +20,7 @@ enum Exit: Int32 {
     case keyChanged = 7
     case notAtPrompt = 8
     case refused = 9
+    case pairingFailed = 10
 
     var code: ExitCode { ExitCode(rawValue) }
 }
@@ -36,8 +37,9 @@ struct Boxkey: AsyncParsableCommand {
 
         Exit codes: 0 success, 1 other error, 2 rejected by the box's PAM stack, 3 box not \
         found, 4 box not paired, 5 vault locked, wiped or tampered, 6 radio unavailable, \
-        7 box key changed, 8 box not at a login prompt, 9 refused by the box (revoked, rate \
-        limited, other version).
+        7 box key changed, 8 box not at a login prompt (or more than one), 9 refused by the \
+        box (not enrolled, revoked, rate limited, no pairing code, other version), 10 pairing \
+        failed (wrong code).
         """,
         subcommands: [Scan.self, Pair.self, Forget.self, Credentials.self, PIN.self, Login.self, Lock.self,
                       Logout.self, Status.self, Sim.self])
@@ -190,8 +192,8 @@ struct Phone {
         @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
         Someone could be impersonating the box, or it was reinstalled. No credentials were sent.
         The key you paired with is \(pinnedKey(id).fingerprint).
-        If the box was reinstalled, check `boxkeyd status` on it, then run:
-            boxkey forget \(id) && boxkey pair \(id)
+        If the box was reinstalled, pair again at the box: its new pairing code proves its new key
+            boxkey pair \(id) --replace
         """)
     }
 
@@ -204,8 +206,8 @@ struct Phone {
             return try await BoxLink.open(to: heard, boxKey: pinnedKey(id), identity: identity, radio: radio)
         } catch let f as BoxLink.Failure {
             switch f {
-            case .keyChanged, .refused(Refusal(.handshakeFailed)): keyChangedWarning(id)
-            case .refused(let r): fail(.refused, refusalText(r))
+            case .keyChanged: keyChangedWarning(id)
+            case .refused(let r): fail(.refused, refusalText(r, box: id))
             case .radio(let s): fail(.radioUnavailable, "cannot connect to box \(id): \(s)")
             default: fail(.failure, "box \(id): \(f)")
             }
@@ -214,8 +216,13 @@ struct Phone {
         }
     }
 
-    func refusalText(_ r: Refusal) -> String {
+    /// Refusals come before any channel, unauthenticated: anyone in radio range can send one,
+    /// so the wording is neutral and never advises forgetting keys.
+    func refusalText(_ r: Refusal, box id: BoxID) -> String {
         switch r.code {
+        case .notEnrolled: "box \(id) says this phone is not enrolled there: pair at the box with the code it shows (boxkey pair \(id))"
+        case .noPairingCode: "box \(id) has no pairing code live: show one at its login prompt (or `boxkeyd pair-code`) and try again"
+        case .handshakeFailed: "box \(id) refused the handshake (interference, or a box without the key you paired with); nothing was sent"
         case .phoneRevoked: "the box's administrator revoked this phone"
         case .rateLimited: "too many failed attempts; the box asks to wait before trying again"
         case .unsupportedVersion: "the box speaks protocol version \(r.versions.lowerBound)...\(r.versions.upperBound); this boxkey speaks \(BoxkeyProtocol.version)"
@@ -320,14 +327,33 @@ extension Boxkey {
     }
 
     struct Pair: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Pair with a box: compare its key fingerprint with the one the box shows, then pin it.")
+        static let configuration = CommandConfiguration(
+            abstract: "Pair with a box: type the one-time code the box shows; it proves you stand at the box and that this is the box.",
+            discussion: "The box shows a six-digit pairing code at its login prompt (or `boxkeyd pair-code` prints one). The code is bound into the handshake (CPace + Noise IKpsk2), so a wrong code or another box fails and nothing is pinned. After pairing, log in within 5 minutes (boxkey login) to finish enrolment at the box. For a phone an administrator enrolled with `boxkeyd phones enrol`, pin the box key instead with --box-key.")
         @Argument(help: "The box ID shown on the box.") var id: String
-        @Flag(help: "Pin without asking (scripts; you must still compare the fingerprint yourself).") var yes = false
+        @Option(help: "The pairing code shown on the box (asked for when missing).") var code: String?
+        @Option(help: "Pin this box key (64 hex digits, from `boxkeyd status`) without a code: for a phone an administrator pre-enrolled.") var boxKey: String?
+        @Flag(help: "Replace a key pinned earlier for this box ID (a reinstalled box).") var replace = false
+        @Flag(help: .hidden) var yes = false
         @OptionGroup var radio: RadioOptions
 
         func run() async throws {
             var phone = Phone()
-            guard let boxID = BoxID(id) else { fail(.failure, "a box ID is four digits, like 4821") }
+            guard let boxID = BoxID(id) else { throw ValidationError("a box ID is four digits, like 4821") }
+            if let boxKey {
+                guard let bytes = unhex(boxKey), let key = try? PublicKey(bytes) else { throw ValidationError("--box-key takes 64 hex digits") }
+                do { try phone.boxes.pin(boxID, key: key, address: nil) } catch { fail(.failure, "\(error)") }
+                say("Pinned box \(boxID) (key \(key.fingerprint)).")
+                return
+            }
+            if phone.boxes.key(of: boxID) != nil, !replace {
+                fail(.failure, "box \(boxID) is already paired; use --replace to pair again (a reinstalled box)")
+            }
+            let typed = code ?? {
+                FileHandle.standardError.write("Pairing code shown on box \(boxID): ".data(using: .utf8)!)
+                return readLine() ?? ""
+            }()
+            guard let pairingCode = PairingCode(typed) else { throw ValidationError("a pairing code is \(PairingCode.digits) digits") }
             let phoneRadio = await radio.open(identity: phone.identity)
             defer { phoneRadio.shutdown() }
             let central = phoneRadio.central
@@ -339,12 +365,31 @@ extension Boxkey {
             let info: BoxInfo
             do { info = try await BoxLink.readInfo(of: heard, radio: central) } catch { fail(.radioUnavailable, "cannot read box \(boxID): \(error)") }
             guard info.boxID == boxID else { fail(.failure, "the box answering as \(boxID) says it is \(info.boxID)") }
-            if let old = phone.boxes.key(of: boxID), old != info.staticKey { phone.keyChangedWarning(boxID) }
-            say("Box \(boxID) key fingerprint: \(info.staticKey.fingerprint)")
-            say("Compare it with the fingerprint the box shows (its login screen, or `boxkeyd status`).")
-            if !yes, !confirm("Does it match? Pin this key") { fail(.failure, "not paired") }
+            // The key Info claims is unauthenticated; the handshake under the code proves it.
+            let link: BoxLink
+            do {
+                link = try await BoxLink.open(to: heard, boxKey: info.staticKey, identity: phone.identity, radio: central, pairingCode: pairingCode)
+            } catch BoxLink.Failure.pairingFailed {
+                fail(.pairingFailed, "pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box \(boxID) and try again.")
+            } catch BoxLink.Failure.refused(let r) {
+                fail(.refused, phone.refusalText(r, box: boxID))
+            } catch {
+                fail(.radioUnavailable, "cannot pair with box \(boxID): \(error)")
+            }
+            do {
+                try await link.send(.pair)
+                guard case .actionResult(let r) = try await link.next(timeout: .seconds(10)), r.action == .pair, r.outcome == .done else {
+                    await link.close()
+                    fail(.failure, "box \(boxID) did not confirm the pairing")
+                }
+            } catch {
+                await link.close()
+                fail(.pairingFailed, "pairing failed: \(error)")
+            }
+            await link.close()
             do { try phone.boxes.pin(boxID, key: info.staticKey, address: heard.address) } catch { fail(.failure, "\(error)") }
-            say("Paired with box \(boxID).")
+            say("Paired with box \(boxID) (key \(info.staticKey.fingerprint), verified by the code).")
+            say("Log in within 5 minutes (boxkey login) to finish enrolment at the box.")
         }
     }
 
@@ -451,7 +496,7 @@ extension Boxkey {
         @Flag(help: "Keep the presence link in a detached background process (log: $XDG_STATE_HOME/boxkey/presence.log); this command returns once the box has answered.") var background = false
         @Flag(help: .hidden) var detachedChild = false
         @Flag(help: "Simulated radio: also print the connection events and bytes on air the login used.") var stats = false
-        @Option(help: "Seconds between keepalives on the presence link.") var keepalive = 10.0
+        @Option(help: .hidden) var keepalive = Double(BoxkeyProtocol.keepaliveInterval.components.seconds)
         @OptionGroup var radio: RadioOptions
 
         func run() async throws {
@@ -485,16 +530,17 @@ extension Boxkey {
             let elapsed = clock.now - start
             switch result.outcome {
             case .accepted:
-                say("Logged in to box \(boxID) as \(credentials.user) (\(elapsed.formatted(.units(allowed: [.milliseconds])))).")
+                let place = result.reason.isEmpty ? "" : ": \(result.reason)"
+                say("Logged in to box \(boxID) as \(credentials.user)\(place) (\(elapsed.formatted(.units(allowed: [.milliseconds])))).")
                 if stats, let s = link.airStatistics {
                     say("Air: \(s.events) connection events from connect to the answer, \(s.packets) link-layer packets, \(s.bytes) ATT value bytes both ways.")
                 }
             case .rejected:
                 await link.close()
                 fail(.rejected, "box \(boxID) rejected the credentials for \(credentials.user): \(result.reason). If the password changed, run `boxkey credentials set` and log in again.")
-            case .notAtPrompt, .wrongUser:
+            case .notAtPrompt, .wrongUser, .ambiguousPrompt:
                 await link.close()
-                fail(.notAtPrompt, result.reason.isEmpty ? "box \(boxID) is not at a login prompt" : result.reason)
+                fail(.notAtPrompt, result.reason.isEmpty ? "box \(boxID) is not at a login prompt" : "box \(boxID): \(result.reason)")
             case .timedOut:
                 await link.close()
                 fail(.failure, "box \(boxID): \(result.reason)")
@@ -616,7 +662,8 @@ extension Boxkey {
         func run() throws {
             let phone = Phone()
             let vault = phone.vault()
-            say("phone key:   \(phone.identity.keyPair.publicKey.fingerprint)")
+            say("phone key:   \(hex(phone.identity.keyPair.publicKey.bytes))")
+            say("fingerprint: \(phone.identity.keyPair.publicKey.fingerprint)")
             if let pid = BackgroundPresence.runningPID(phone.dirs) { say("presence:    background link running (pid \(pid))") }
             say("credentials: \(vault.isWiped ? "wiped" : vault.hasCredentials ? "stored" : "none")\(vault.hasPIN ? ", PIN set" : "")\(vault.failures > 0 ? ", \(vault.failures) wrong PIN(s)" : "")")
             if phone.boxes.boxes.isEmpty { say("boxes:       none paired") }

@@ -12,7 +12,7 @@ struct Boxkeyd: AsyncParsableCommand {
         commandName: "boxkeyd",
         abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
         discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; every key is documented in docs/operations.md). Admin commands talk to the running daemon over its root-only socket.",
-        subcommands: [Run.self, Status.self, Phones.self],
+        subcommands: [Run.self, Status.self, PairCode.self, Phones.self],
         defaultSubcommand: Run.self)
 }
 
@@ -91,18 +91,36 @@ extension Boxkeyd {
     }
 
     struct Status: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Show the box ID, key fingerprint, radio, paired phones and live sessions.")
+        static let configuration = CommandConfiguration(abstract: "Show the box ID, key fingerprint, radio, pairing code state, enrolled phones and registered sessions.")
         @OptionGroup var options: DaemonOptions
         func run() throws { try ask(.daemonStatus, options) }
     }
 
+    struct PairCode: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "pair-code",
+            abstract: "Show a new one-time pairing code (for a headless box, or an admin enrolling a phone at the box).",
+            discussion: "The code replaces any live one; it lasts [enrolment] code_lifetime_s (120 s) and code_tries (3) pairing attempts. Type it into `boxkey pair <box ID>` on the phone. With --user, the phone that proves it is enrolled for that user at once; without, its first accepted login enrols it.")
+        @OptionGroup var options: DaemonOptions
+        @Option(help: "Enrol the phone for this user when it pairs.") var user: String?
+        func run() throws { try ask(.newPairingCode(user: user ?? ""), options) }
+    }
+
     struct Phones: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "List or revoke the phones that have logged in to this box.",
-                                                        subcommands: [List.self, Revoke.self], defaultSubcommand: List.self)
+        static let configuration = CommandConfiguration(abstract: "List, enrol or revoke the phones enrolled at this box.",
+                                                        subcommands: [List.self, Enrol.self, Revoke.self], defaultSubcommand: List.self)
         struct List: ParsableCommand {
-            static let configuration = CommandConfiguration(abstract: "List phones: fingerprint, user, name, first and last login, revocation.")
+            static let configuration = CommandConfiguration(abstract: "List phones: fingerprint, users, name, how and when enrolled, last login, revocation.")
             @OptionGroup var options: DaemonOptions
             func run() throws { try ask(.listPhones, options) }
+        }
+        struct Enrol: ParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Pre-enrol a phone for a user by its public key (`boxkey status` on the phone shows it); the phone then pins this box with `boxkey pair <ID> --box-key <key>`.")
+            @OptionGroup var options: DaemonOptions
+            @Argument(help: "The phone's public key, 64 hex digits.") var key: String
+            @Option(help: "The user the phone may log in as.") var user: String
+            @Option(help: "A name for the phone, for the list.") var name = ""
+            func run() throws { try ask(.enrolPhone(key: key, user: user, name: name), options) }
         }
         struct Revoke: ParsableCommand {
             static let configuration = CommandConfiguration(abstract: "Revoke a phone: it is refused from now on and its live links are dropped.")

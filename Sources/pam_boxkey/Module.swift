@@ -15,15 +15,18 @@ final class PendingLogin {
     let client: PAMSocketClient
     let debug: Bool
     let raw: OpaquePointer
+    /// Names this push when the session opens (`pam_sm_open_session`).
+    let ticket: String
     var reported = false
     var answer: PromptAnswer?
     /// The application's PAM_FAIL_DELAY function, which the verdict hook chains to.
     var applicationDelay: UnsafeRawPointer?
 
-    init(client: PAMSocketClient, debug: Bool, raw: OpaquePointer) {
+    init(client: PAMSocketClient, debug: Bool, raw: OpaquePointer, ticket: String) {
         self.client = client
         self.debug = debug
         self.raw = raw
+        self.ticket = ticket
     }
 
     /// Learns the stack's verdict: Linux-PAM calls the PAM_FAIL_DELAY function with the final
@@ -46,8 +49,11 @@ final class PendingLogin {
     func report(accepted: Bool, reason: String, pamh: PAMHandle?) {
         guard !reported else { return }
         reported = true
+        // Credit only for what the phone did: a success after the person answered a hidden
+        // prompt (the verifier asking again after a wrong push) is not the phone's.
+        let verdict: PAMRequest.Verdict = !accepted ? .rejected : (answer?.personAnswered == true ? .acceptedOther : .accepted)
         do {
-            try client.send(.reportOutcome(accepted: accepted, reason: reason))
+            try client.send(.reportOutcome(verdict, reason: reason))
             _ = try client.receive(timeoutMilliseconds: 1000)
         } catch {
             pamh?.log(LOG_WARNING, "could not report the outcome to boxkeyd: \(error)")
@@ -66,9 +72,11 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     let unavailable = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
     for arg in options.unknown { pamh.log(LOG_ERR, "unknown option \(arg)") }
 
-    // A phone near the box cannot vouch for someone logging in over the network.
-    if let host = pamh.item(PAM_RHOST), host != "localhost" {
-        if options.debug { pamh.log(LOG_DEBUG, "remote session from \(host): not offering phone login") }
+    // A phone near the box cannot vouch for someone logging in over the network. A loopback
+    // host goes to the daemon, which accepts it only when logind says the session is local.
+    let remoteHost = pamh.item(PAM_RHOST) ?? ""
+    if !remoteHost.isEmpty, !["localhost", "localhost.localdomain", "127.0.0.1", "::1"].contains(remoteHost) {
+        if options.debug { pamh.log(LOG_DEBUG, "remote session from \(remoteHost): not offering phone login") }
         return unavailable
     }
 
@@ -81,40 +89,50 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     }
 
     do {
-        try client.send(.status)
-        if case .info(let boxID, let fingerprint) = try client.receive(timeoutMilliseconds: 1000) {
-            pamh.info("Box \(boxID) — log in from your phone (key \(fingerprint.prefix(9))…), or wait for the password prompt")
-        }
         let expected = pamh.item(PAM_USER) ?? ""
         try client.send(.waitForPush(.init(service: pamh.item(PAM_SERVICE) ?? "", tty: pamh.item(PAM_TTY) ?? "",
-                                           display: pamh.item(PAM_XDISPLAY) ?? "", expectedUser: expected,
+                                           display: pamh.item(PAM_XDISPLAY) ?? "", remoteHost: remoteHost, expectedUser: expected,
                                            timeoutMilliseconds: UInt32(options.timeoutSeconds * 1000))))
+        // First answer: offered here or not. Not offered (sudo, a remote session, ...): step
+        // aside without a word, so the password prompt comes at once.
+        switch try client.receive(timeoutMilliseconds: 2000) {
+        case .prompt(let boxID, let fingerprint, let code, let seconds):
+            pamh.info("Box \(boxID) — log in from your phone, or wait for the password prompt (box key \(fingerprint))")
+            if !code.isEmpty {
+                pamh.info("New phone? Pairing code \(code) — run: boxkey pair \(boxID) (valid \(max(1, (seconds + 59) / 60)) min)")
+            }
+        case .notOffered(let why):
+            if options.debug { pamh.log(LOG_DEBUG, "phone login not offered: \(why)") }
+            return unavailable
+        default:
+            return unavailable
+        }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
         let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
-        guard case .push(let user, var password) = reply else {
+        guard case .push(let user, var password, let ticket) = reply else {
             if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
             try? client.send(.cancel)
             return unavailable
         }
         defer { for i in password.indices { password[i] = 0 } }
         if !expected.isEmpty, expected != user {
-            pamh.log(LOG_NOTICE, "refusing a push for \(user): this prompt is for \(expected)")
-            try? client.send(.reportOutcome(accepted: false, reason: "this prompt is for another user"))
+            pamh.log(LOG_NOTICE, "refusing a push for another user: this prompt is for \(expected)")
+            try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
             return unavailable
         }
         guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS, pamh.setItem(PAM_AUTHTOK, password) == PAM_SUCCESS else {
-            try? client.send(.reportOutcome(accepted: false, reason: "the login stack failed"))
+            try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
             return PAM_SYSTEM_ERR
         }
-        let pending = PendingLogin(client: client, debug: options.debug, raw: raw)
-        if options.answerPrompt { pending.answer = PromptAnswer.install(on: pamh, password: password) }
+        let pending = PendingLogin(client: client, debug: options.debug, raw: raw, ticket: ticket)
+        pending.answer = PromptAnswer.install(on: pamh, password: password, answerFirst: options.answerPrompt)
         pending.hookVerdict()
         let stored = Unmanaged.passRetained(pending).toOpaque()
         guard pam_set_data(raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
             Unmanaged<PendingLogin>.fromOpaque(stored).release()
             return PAM_SYSTEM_ERR
         }
-        pamh.log(LOG_INFO, "credentials for \(user) received from a phone")
+        pamh.log(LOG_INFO, "credentials received from a phone")
         return PAM_SUCCESS
     } catch {
         if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
@@ -196,11 +214,16 @@ public func pam_sm_open_session(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     reportAccepted(raw)
     let pamh = PAMHandle(raw: raw)
     let options = ModuleOptions(argc: argc, argv: argv)
-    guard let session = pamh.env("XDG_SESSION_ID") ?? getenv("XDG_SESSION_ID").map({ String(cString: $0) }), let user = pamh.item(PAM_USER) else {
-        if options.debug { pamh.log(LOG_DEBUG, "no XDG_SESSION_ID (is pam_systemd before pam_boxkey in the session stack?)") }
+    // Only what pam_systemd put in the PAM environment, never the process environment (the
+    // caller's to set); the daemon still checks with logind whose session it is.
+    guard let session = pamh.env("XDG_SESSION_ID"), let user = pamh.item(PAM_USER) else {
+        if options.debug { pamh.log(LOG_DEBUG, "no XDG_SESSION_ID in the PAM environment (is pam_systemd before pam_boxkey in the session stack?)") }
         return PAM_SUCCESS
     }
-    send(.openSession(user: user, sessionID: session, service: pamh.item(PAM_SERVICE) ?? ""), options: options, pamh: pamh)
+    var data: UnsafeRawPointer?
+    let ticket = pam_get_data(raw, pendingKey, &data) == PAM_SUCCESS && data != nil
+        ? Unmanaged<PendingLogin>.fromOpaque(data!).takeUnretainedValue().ticket : ""
+    send(.openSession(user: user, sessionID: session, service: pamh.item(PAM_SERVICE) ?? "", ticket: ticket), options: options, pamh: pamh)
     return PAM_SUCCESS
 }
 

@@ -2,7 +2,8 @@ import BoxkeyPAMWire
 
 /// Module arguments from the PAM configuration line (pam_boxkey(8)).
 struct ModuleOptions {
-    /// Seconds to wait for a push: default 30 (as pam_fprintd), at least 5.
+    /// Seconds to wait for a push: default 30 (as pam_fprintd), clamped to 5...600 (a huge
+    /// value must not trap inside the host process).
     var timeoutSeconds = 30
     var socket = PAMWire.defaultSocketPath
     var debug = false
@@ -14,13 +15,17 @@ struct ModuleOptions {
     var unknown: [String] = []
 
     static let minimumTimeout = 5
+    static let maximumTimeout = 600
 
     init(argc: Int32, argv: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
         for i in 0..<Int(argc) {
             guard let raw = argv?[i] else { continue }
             let arg = String(cString: raw)
-            if arg.hasPrefix("timeout="), let n = Int(arg.dropFirst(8)) {
-                timeoutSeconds = max(n, Self.minimumTimeout)
+            if arg.hasPrefix("timeout=") {
+                // Out-of-range and unparsable numbers clamp; they never reach an integer conversion that traps.
+                let digits = arg.dropFirst(8)
+                let n = Int(digits) ?? (digits.allSatisfy(\.isNumber) && !digits.isEmpty ? Self.maximumTimeout : Self.minimumTimeout)
+                timeoutSeconds = min(max(n, Self.minimumTimeout), Self.maximumTimeout)
             } else if arg.hasPrefix("socket="), arg.count > 7 {
                 socket = String(arg.dropFirst(7))
             } else if arg == "debug" {

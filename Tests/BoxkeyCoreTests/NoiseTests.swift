@@ -178,6 +178,29 @@ import Testing
         #expect(hex(phone.handshakeHash) == theirs["hash"])
     }
 
+    /// IKpsk2 (pairing): the same comparison with a PSK, byte for byte.
+    @Test func pairingHandshakeWithAPSKGivesIdenticalBytes() throws {
+        var cfg = config
+        let psk = [UInt8](repeating: 0x5a, count: 32)
+        cfg["psk"] = hex(psk)
+        let peer = try LinePeer(try python(), [Self.script, "vectors", json(cfg)])
+        let line = peer.readLine()
+        #expect(peer.finish() == 0)
+        let theirs = try JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: String]
+        var i = NoiseIKInitiator(prologue: unhex(cfg["prologue"]!)!, localStatic: Fixtures.phone,
+                                 remoteStatic: Fixtures.box.publicKey, ephemeral: Fixtures.keyPair(0x33), psk: true)
+        var r = NoiseIKResponder(prologue: unhex(cfg["prologue"]!)!, localStatic: Fixtures.box, ephemeral: Fixtures.keyPair(0x44), psk: true)
+        let m1 = try i.writeMessage1()
+        _ = try r.readMessage1(m1)
+        let (m2, _) = try r.writeMessage2(psk: SecureBytes(copying: psk))
+        var (_, phone) = try i.readMessage2(m2, psk: SecureBytes(copying: psk))
+        let t1 = try phone.seal(SecureBytes(copying: unhex(cfg["phone_payload"]!)!))
+        #expect(hex(m1) == theirs["m1"])
+        #expect(hex(m2) == theirs["m2"])
+        #expect(hex(t1) == theirs["t1"])
+        #expect(hex(phone.handshakeHash) == theirs["hash"])
+    }
+
     @Test func swiftInitiatorWithPythonResponder() throws {
         let cfg = config
         let peer = try LinePeer(try python(), [Self.script, "responder", json(cfg)])

@@ -126,13 +126,13 @@ import Testing
         var x = Exchange()
         let m1 = try x.open()
         var replayBox = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
-        let out = replayBox.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _ in nil })
+        let out = replayBox.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _, _ in nil })
         #expect(out.replies == [Envelope.refusal(Refusal(.replayedHandshake)).encode()])
         // After the nonce rotates out, the same message is refused as stale.
         x.nonces.rotate(); x.nonces.rotate()
         x.cache.retain(nonces: x.nonces.live)
         var later = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
-        let out2 = later.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _ in nil })
+        let out2 = later.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _, _ in nil })
         #expect(out2.replies == [Envelope.refusal(Refusal(.staleAdvertisement)).encode()])
     }
 
@@ -172,7 +172,7 @@ import Testing
 
     @Test func revokedPhoneIsRefused() throws {
         var x = Exchange()
-        x.admit = { key in key == Fixtures.phone.publicKey ? .phoneRevoked : nil }
+        x.admit = { key, _ in key == Fixtures.phone.publicKey ? .phoneRevoked : nil }
         let (out, events) = x.toBox(try x.phone.start())
         guard case .close(.refused(.phoneRevoked)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
         guard case .failure(.refused(let r)) = events[0] else { Issue.record("\(events)"); return }
@@ -184,12 +184,12 @@ import Testing
         var m1 = try x.phone.start()
         m1[0] = 9
         let (out, _) = x.toBox(m1)
-        #expect(out.replies == [[1, 4, 1, 1, 1]])
+        #expect(out.replies == [[2, 4, 1, 2, 2]])
     }
 
     @Test func garbageBeforeHandshakeIsRefusedAsMalformed() {
         var x = Exchange()
-        let (out, _) = x.toBox([1, 3] + [UInt8](repeating: 0, count: 40))
+        let (out, _) = x.toBox([2, 3] + [UInt8](repeating: 0, count: 40))
         guard case .close(.refused(.malformed)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
     }
 

@@ -78,16 +78,20 @@ struct Exchange {
     var nonces = AdvertisementNonces(current: Fixtures.nonce)
     var cache = HandshakeReplayCache()
     var now: Duration = .zero
-    var admit: (PublicKey) -> Refusal.Code? = { _ in nil }
+    var admit: (PublicKey, BoxConnection.HandshakeKind) -> Refusal.Code? = { _, _ in nil }
+    /// The code the box shows (pairing), if any.
+    var boxCode: PairingCode?
 
-    init(boxKey: PublicKey = Fixtures.box.publicKey, advertisement: Advertisement = Fixtures.advertisement) {
+    init(boxKey: PublicKey = Fixtures.box.publicKey, advertisement: Advertisement = Fixtures.advertisement,
+         phoneCode: PairingCode? = nil, boxCode: PairingCode? = nil) {
         box = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
-        phone = PhoneConnection(identity: Fixtures.phone, boxKey: boxKey, advertisement: advertisement)
+        phone = PhoneConnection(identity: Fixtures.phone, boxKey: boxKey, advertisement: advertisement, pairingCode: phoneCode)
+        self.boxCode = boxCode
     }
 
     /// Delivers `envelope` to the box and every reply back to the phone.
     mutating func toBox(_ envelope: [UInt8]) -> (BoxConnection.Output, [Result<PhoneConnection.Event, PhoneConnection.Error>]) {
-        let out = box.receive(envelope, nonces: nonces, replayCache: &cache, now: now, admit: admit)
+        let out = box.receive(envelope, nonces: nonces, replayCache: &cache, now: now, pairingCode: boxCode, admit: admit)
         return (out, deliver(out.replies))
     }
 

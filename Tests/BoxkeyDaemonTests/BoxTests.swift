@@ -9,13 +9,27 @@ import Logging
 import NIOConcurrencyHelpers
 import Testing
 
-/// Records logind calls: a test double for the session controller (the e2e tests use
-/// python-dbusmock's logind through the real D-Bus client).
+/// logind for unit tests: sessions the test declares, and a record of the actions asked (the
+/// e2e tests use python-dbusmock's logind through the real D-Bus client).
 final class RecordedSessions: SessionControl {
     let calls = NIOLockedValueBox<[String]>([])
+    /// Sessions by ID; the prompt process's session (nil: none, as for getty's login).
+    let known = NIOLockedValueBox<[String: LoginSession]>([:])
+    let promptSession = NIOLockedValueBox<LoginSession?>(nil)
+    func add(_ s: LoginSession) { known.withLockedValue { $0[s.id] = s } }
+    func session(ofPID pid: Int32) async throws -> LoginSession? { promptSession.withLockedValue { $0 } }
+    func session(id: String) async throws -> LoginSession? { known.withLockedValue { $0[id] } }
+    func sessions(ofUID uid: UInt32) async throws -> [LoginSession] {
+        known.withLockedValue { $0.values.filter { $0.uid == uid }.sorted { $0.id < $1.id } }
+    }
     func lock(session: String) async throws { calls.withLockedValue { $0.append("lock \(session)") } }
+    func unlock(session: String) async throws { calls.withLockedValue { $0.append("unlock \(session)") } }
     func terminate(session: String) async throws { calls.withLockedValue { $0.append("terminate \(session)") } }
 }
+
+/// The users the unit tests' box knows.
+let testUsers: @Sendable (String) -> UInt32? = { ["alice": 1000, "mallory": 1001, "bob": 1002][$0] }
+let testPeer = PAMPeer(pid: 4242, uid: 0)
 
 /// The real Box and RadioService on the in-process simulated air, in real time.
 struct BoxHarness {
@@ -35,31 +49,41 @@ struct BoxHarness {
         var logger = Logger(label: "test")
         logger.logLevel = .critical
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
-                  clock: MonotonicClock(), logger: logger, radioDescription: "test air")
+                  clock: MonotonicClock(), logger: logger, radioDescription: "test air", userID: testUsers)
         service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
                                clock: MonotonicClock(), logger: logger)
     }
 
-    func phone(_ n: UInt8) -> (PhoneIdentity, SimulatedCentral) {
+    /// A phone on the air, enrolled at the box for `enrolledFor` (nil: a stranger's phone).
+    func phone(_ n: UInt8, enrolledFor user: String? = nil) async -> (PhoneIdentity, SimulatedCentral) {
         let identity = PhoneIdentity(keyPair: KeyPair.generate(), deviceSecret: SecureBytes.random(count: 32))
+        if let user { _ = await box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: user, name: "test \(n)") }
         return (identity, air.central(DeviceAddress(String(format: "00:50:48:00:00:%02X", n))!, at: 1))
+    }
+
+    /// A waiting prompt on a local console (tty), as getty's login would ask.
+    func prompt(tty: String = "tty1", service: String = "login", user: String = "", seconds: UInt32 = 10) async throws -> UInt64 {
+        let (id, reply) = await box.registerPrompt(.init(service: service, tty: tty, display: "", expectedUser: user,
+                                                         timeoutMilliseconds: seconds * 1000), peer: testPeer)
+        return try #require(id, "not offered: \(reply)")
     }
 
     /// An honest phone logs in through a waiting prompt: proof that the box still serves.
     /// Returns the link, which stays the presence link unless closed.
     @discardableResult
     func honestLogin(_ n: UInt8 = 0x01, keep: Bool = false) async throws -> BoxLink? {
-        let (identity, central) = phone(n)
+        let (identity, central) = await phone(n, enrolledFor: "alice")
         let key = box.identity.keyPair.publicKey
-        let prompt = await box.registerPrompt(.init(service: "login", tty: "tty\(n)", display: "", expectedUser: "", timeoutMilliseconds: 10_000))
+        let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)")
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
         async let reply = box.awaitPush(prompt)
         try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
-        guard case .push(let user, _) = await reply else { Issue.record("the honest phone's push did not arrive"); return nil }
+        guard let user = await reply.pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
         #expect(user == "alice")
-        await box.report(prompt, accepted: true, reason: "")
-        #expect(try await link.next(timeout: .seconds(5)) == .loginResult(LoginResult(.accepted)))
+        await box.report(prompt, .accepted, reason: "")
+        guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no login result"); return nil }
+        #expect(result.outcome == .accepted)
         if keep { return link }
         await link.close()
         return nil
@@ -81,7 +105,7 @@ struct BoxHarness {
     @Test func floodingAddressIsCutOffWhileOtherPhonesLogIn() async throws {
         let h = try BoxHarness { $0.failedHandshakesPerMinute = 3 }
         try await h.run {
-            let (_, attacker) = h.phone(0x66)
+            let (_, attacker) = await h.phone(0x66)
             // Garbage instead of a handshake, from one address, until it is cut off.
             for _ in 0..<3 {
                 let link = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
@@ -102,7 +126,7 @@ struct BoxHarness {
     @Test func aConnectedPhoneDoesNotKeepTheTimersBusy() async throws {
         let h = try BoxHarness { $0.handshakeTimeout = .seconds(30) }
         try await h.run {
-            let (_, phone) = h.phone(0x07)
+            let (_, phone) = await h.phone(0x07)
             let link = try await phone.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
             try await Task.sleep(for: .milliseconds(200))
             let before = await h.box.ticks
@@ -122,7 +146,8 @@ struct BoxHarness {
         }
         try await h.run {
             let link = try #require(try await h.honestLogin(0x31, keep: true))
-            await h.box.openSession(user: "alice", sessionID: "42", service: "login")
+            h.sessions.add(LoginSession(id: "42", uid: 1000, user: "alice", tty: "tty1"))
+            await h.box.openSession(user: "alice", sessionID: "42", service: "login", ticket: "")
             let phone = DeviceAddress("00:50:48:00:00:31")!
             // Near the box: a second of strong signal changes nothing.
             try await Task.sleep(for: .seconds(1))
@@ -150,7 +175,8 @@ struct BoxHarness {
         }
         try await h.run {
             let link = try #require(try await h.honestLogin(0x32, keep: true))
-            await h.box.openSession(user: "alice", sessionID: "43", service: "login")
+            h.sessions.add(LoginSession(id: "43", uid: 1000, user: "alice", tty: "tty1"))
+            await h.box.openSession(user: "alice", sessionID: "43", service: "login", ticket: "")
             let phone = DeviceAddress("00:50:48:00:00:32")!
             // Below -80 dBm long enough for all five samples: the countdown starts (~0.5 s in).
             h.air.move(phone, to: 15)
@@ -165,7 +191,7 @@ struct BoxHarness {
     @Test func slowConnectionIsDroppedAtTheHandshakeTimeout() async throws {
         let h = try BoxHarness { $0.handshakeTimeout = .seconds(1) }
         try await h.run {
-            let (_, slow) = h.phone(0x42)
+            let (_, slow) = await h.phone(0x42)
             let clock = MonotonicClock()
             let start = clock.now
             let link = try await slow.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))

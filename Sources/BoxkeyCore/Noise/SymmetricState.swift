@@ -24,6 +24,16 @@ struct SymmetricState {
         cipher = CipherState(key: outputs[1].prefix(ChaChaPoly.keyLength))
     }
 
+    /// Noise section 5.2 MixKeyAndHash, for the `psk` token: HKDF with three outputs.
+    mutating func mixKeyAndHash(_ inputKeyMaterial: SecureBytes) {
+        let outputs = inputKeyMaterial.withUnsafeBytes {
+            Blake2b.noiseHKDF(chainingKey: chainingKey, inputKeyMaterial: $0, outputs: 3)
+        }
+        chainingKey = outputs[0]
+        mixHash(outputs[1].unprotectedCopy)
+        cipher = CipherState(key: outputs[2].prefix(ChaChaPoly.keyLength))
+    }
+
     mutating func mixHash(_ data: [UInt8]) {
         handshakeHash = Blake2b.hash(handshakeHash, data)
     }

@@ -15,6 +15,7 @@ public enum AppMessage: Sendable {
     case keepalive                        // both ways, on the presence link
     case error(ChannelError)              // both ways
     case detach                           // phone -> box: I leave on purpose; this is not walking away
+    case pair                             // phone -> box, after a pairing handshake: enrol this key
 
     public enum MessageType: UInt8, Sendable, CaseIterable {
         case credentialPush = 0x01
@@ -26,6 +27,7 @@ public enum AppMessage: Sendable {
         case keepalive = 0x07
         case error = 0x08
         case detach = 0x09
+        case pair = 0x0a
     }
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -50,6 +52,7 @@ public enum AppMessage: Sendable {
         case .keepalive: .keepalive
         case .error: .error
         case .detach: .detach
+        case .pair: .pair
         }
     }
 
@@ -82,7 +85,7 @@ public enum AppMessage: Sendable {
         case .error(let error):
             writer.u8(error.code.rawValue)
             writer.shortText(error.detail)
-        case .lock, .logout, .attach, .keepalive, .detach:
+        case .lock, .logout, .attach, .keepalive, .detach, .pair:
             break
         }
         return SecureBytes(copying: writer.bytes)
@@ -134,6 +137,7 @@ public enum AppMessage: Sendable {
         case .attach: message = .attach
         case .keepalive: message = .keepalive
         case .detach: message = .detach
+        case .pair: message = .pair
         }
         guard reader.atEnd else { throw .trailingBytes(type) }
         return message
@@ -195,6 +199,9 @@ public struct LoginResult: Equatable, Sendable {
         case wrongUser = 3
         /// The PAM stack did not report an outcome in time.
         case timedOut = 4
+        /// More than one prompt could take the push; the box does not guess (the reason
+        /// names them).
+        case ambiguousPrompt = 5
     }
 
     public var outcome: Outcome
@@ -209,7 +216,7 @@ public struct LoginResult: Equatable, Sendable {
 
 /// The box's answer to lock, logout and attach.
 public struct ActionResult: Equatable, Sendable {
-    public enum Action: UInt8, Sendable { case lock = 1, logout = 2, attach = 3 }
+    public enum Action: UInt8, Sendable { case lock = 1, logout = 2, attach = 3, pair = 4 }
     public enum Outcome: UInt8, Sendable {
         case done = 0
         /// This phone has no live session on the box.

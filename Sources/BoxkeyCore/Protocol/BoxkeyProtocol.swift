@@ -2,9 +2,17 @@
 /// of this file; change both together.
 public enum BoxkeyProtocol {
     /// Wire protocol version carried in the advertisement, every envelope and the Noise prologue.
-    public static let version: UInt8 = 1
+    /// Version 2 (2026-11-23): enrolment proved at the box (pairing handshake with a code),
+    /// unknown phones refused after message 1, authenticated keepalives. Version 1 phones are
+    /// refused with `unsupportedVersion`: they must pair again.
+    public static let version: UInt8 = 2
     /// Versions this build accepts. A peer with another version gets `Refusal.unsupportedVersion`.
-    public static let supportedVersions: ClosedRange<UInt8> = 1...1
+    public static let supportedVersions: ClosedRange<UInt8> = 2...2
+
+    /// While it is the presence link, the phone sends a sealed keepalive this often; the box
+    /// counts a few missed ones as walking away (`[presence] keepalive_timeout_s`). An open
+    /// link alone is no proof of presence: a relay can hold one up.
+    public static let keepaliveInterval: Duration = .seconds(2)
 
     // GATT layout (docs/protocol.md, "GATT service").
     /// The Boxkey primary service, advertised in the complete list of 128-bit service UUIDs.

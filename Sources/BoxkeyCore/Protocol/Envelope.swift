@@ -16,12 +16,19 @@ public enum Envelope: Equatable, Sendable {
     /// Box to phone, before a channel exists: why the box will not talk. Unauthenticated, so a
     /// phone treats it as a hint (it never changes pinned keys or wipes anything because of one).
     case refusal(Refusal)
+    /// Phone to box, pairing: the advertisement nonce, the phone's CPace share, then Noise
+    /// IKpsk2 message 1.
+    case pairingInit(advertisementNonce: UInt16, share: [UInt8], noise: [UInt8])
+    /// Box to phone, pairing: the box's CPace share, then Noise IKpsk2 message 2.
+    case pairingResponse(share: [UInt8], noise: [UInt8])
 
     public enum Kind: UInt8, Sendable {
         case handshakeInit = 0x01
         case handshakeResponse = 0x02
         case sealed = 0x03
         case refusal = 0x04
+        case pairingInit = 0x05
+        case pairingResponse = 0x06
     }
 
     public static let headerLength = 2
@@ -32,6 +39,8 @@ public enum Envelope: Equatable, Sendable {
     public static let handshakeInitLength = headerLength + 2 + NoiseIK.message1Length     // 100
     public static let handshakeResponseLength = headerLength + NoiseIK.message2Length      // 50
     public static let refusalLength = headerLength + 3                                      // 5
+    public static let pairingInitLength = headerLength + 2 + CPace.shareLength + NoiseIK.message1Length   // 132
+    public static let pairingResponseLength = headerLength + CPace.shareLength + NoiseIK.message2Length   // 82
     public static let minSealedLength = headerLength + NoiseIK.transportOverhead + 1        // 19
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -52,6 +61,10 @@ public enum Envelope: Equatable, Sendable {
             return [version, Kind.sealed.rawValue] + ciphertext
         case .refusal(let refusal):
             return [version, Kind.refusal.rawValue] + refusal.encode()
+        case .pairingInit(let nonce, let share, let noise):
+            return [version, Kind.pairingInit.rawValue, UInt8(nonce >> 8), UInt8(nonce & 0xff)] + share + noise
+        case .pairingResponse(let share, let noise):
+            return [version, Kind.pairingResponse.rawValue] + share + noise
         }
     }
 
@@ -90,6 +103,15 @@ public enum Envelope: Equatable, Sendable {
                 throw .wrongLength(kind: kind.rawValue, expected: refusalLength, actual: bytes.count)
             }
             return .refusal(refusal)
+        case .pairingInit:
+            try require(pairingInitLength)
+            let shareEnd = 4 + CPace.shareLength
+            return .pairingInit(advertisementNonce: UInt16(bytes[2]) << 8 | UInt16(bytes[3]),
+                                share: Array(bytes[4..<shareEnd]), noise: Array(bytes[shareEnd...]))
+        case .pairingResponse:
+            try require(pairingResponseLength)
+            let shareEnd = 2 + CPace.shareLength
+            return .pairingResponse(share: Array(bytes[2..<shareEnd]), noise: Array(bytes[shareEnd...]))
         }
     }
 }
@@ -119,6 +141,11 @@ public struct Refusal: Equatable, Sendable, Error {
         case malformed = 0x08
         /// The phone took too long; the box dropped the exchange.
         case timedOut = 0x09
+        /// The phone's key is not enrolled at this box: pair at the box with its code.
+        case notEnrolled = 0x0a
+        /// A pairing handshake, but the box shows no live pairing code (expired, used, or
+        /// out of tries).
+        case noPairingCode = 0x0b
         /// Any code this build does not know (from a newer box).
         case unknown = 0xff
     }

@@ -15,7 +15,15 @@ public struct BoxConnection {
         case action(ActionResult.Action)
         /// The session is over; disconnect after sending `replies`.
         case close(reason: CloseReason)
+        /// A pairing handshake answered under the box's live code: one of the code's tries is used.
+        case pairingAttempt(PublicKey)
+        /// A sealed keepalive arrived (answered in `replies`): the phone is present.
+        case keepalive
     }
+
+    /// Which handshake a phone started: a login (enrolled keys only) or a pairing (any key,
+    /// proved by the code shown at the box).
+    public enum HandshakeKind: Sendable, Equatable { case login, pairing }
 
     public enum CloseReason: Equatable, Sendable {
         case refused(Refusal.Code)
@@ -61,10 +69,13 @@ public struct BoxConnection {
     ///
     /// - `nonces`: the advertisement nonces the box currently accepts.
     /// - `replayCache`: shared by all connections of the box.
+    /// - `pairingCode`: the code the box shows now, if any (a pairing handshake needs it).
     /// - `admit`: asked with the phone's static key once message 1 decrypts; returns a refusal
-    ///   code for a revoked or rate-limited phone, nil to go on.
+    ///   code for an unknown (login), revoked or rate-limited phone, nil to go on. It is asked
+    ///   before the replay cache, so unknown keys never fill the cache.
     public mutating func receive(_ bytes: [UInt8], nonces: AdvertisementNonces, replayCache: inout HandshakeReplayCache,
-                                 now: Duration, admit: (PublicKey) -> Refusal.Code?) -> Output {
+                                 now: Duration, pairingCode: PairingCode? = nil,
+                                 admit: (PublicKey, HandshakeKind) -> Refusal.Code?) -> Output {
         guard state != .closed else { return Output() }
         let envelope: Envelope
         do {
@@ -77,7 +88,11 @@ public struct BoxConnection {
 
         switch (state, envelope) {
         case (.awaitingHandshake, .handshakeInit(let nonce, let noise)):
-            return handshake(nonce: nonce, message1: noise, nonces: nonces, replayCache: &replayCache, now: now, admit: admit)
+            return handshake(nonce: nonce, message1: noise, pairing: nil, nonces: nonces, replayCache: &replayCache, now: now, admit: admit)
+        case (.awaitingHandshake, .pairingInit(let nonce, let share, let noise)):
+            guard let pairingCode else { return refuse(.noPairingCode) }
+            return handshake(nonce: nonce, message1: noise, pairing: (pairingCode, share), nonces: nonces,
+                             replayCache: &replayCache, now: now, admit: admit)
         case (.awaitingHandshake, _):
             return refuse(.malformed)
         case (_, .sealed(let ciphertext)):
@@ -113,6 +128,11 @@ public struct BoxConnection {
     public mutating func tick(now: Duration) -> Output {
         guard let deadline, now >= deadline, state != .closed else { return Output() }
         if state == .awaitingHandshake { return refuse(.timedOut, reason: .timedOut) }
+        if state == .awaitingPairConfirm {
+            // The phone could not open message 2 (wrong code) and went quiet.
+            close()
+            return Output(request: .close(reason: .timedOut))
+        }
         var out = Output()
         out.replies = seal(.error(ChannelError(.unexpectedMessage, detail: "timed out waiting for a command")))
         close()
@@ -122,12 +142,12 @@ public struct BoxConnection {
 
     // MARK: - Steps
 
-    private mutating func handshake(nonce: UInt16, message1: [UInt8], nonces: AdvertisementNonces,
-                                    replayCache: inout HandshakeReplayCache, now: Duration,
-                                    admit: (PublicKey) -> Refusal.Code?) -> Output {
+    private mutating func handshake(nonce: UInt16, message1: [UInt8], pairing: (code: PairingCode, share: [UInt8])?,
+                                    nonces: AdvertisementNonces, replayCache: inout HandshakeReplayCache, now: Duration,
+                                    admit: (PublicKey, HandshakeKind) -> Refusal.Code?) -> Output {
         guard nonces.accepts(nonce) else { return refuse(.staleAdvertisement) }
         let advertisement = Advertisement(boxID: boxID, nonce: nonce, keyHint: identity.publicKey.advertisementHint)
-        var responder = NoiseIKResponder(prologue: advertisement.prologue, localStatic: identity)
+        var responder = NoiseIKResponder(prologue: advertisement.prologue, localStatic: identity, psk: pairing != nil)
         let payload: SecureBytes
         do {
             payload = try responder.readMessage1(message1)
@@ -138,21 +158,40 @@ public struct BoxConnection {
         guard payload.count == 0, let phone = responder.remoteStatic, let ephemeral = responder.initiatorEphemeral else {
             return refuse(.malformed)
         }
+        phoneKey = phone
+        if let code = admit(phone, pairing == nil ? .login : .pairing) { return refuse(code) }
         switch replayCache.insert(ephemeral, nonce: nonce) {
         case .replayed: return refuse(.replayedHandshake)
         case .full: return refuse(.rateLimited)
         case .fresh: break
         }
-        phoneKey = phone
-        if let code = admit(phone) { return refuse(code) }
+        guard let pairing else {
+            do {
+                let (message2, channel) = try responder.writeMessage2()
+                transport = channel
+                state = .awaitingCommand
+                deadline = now + commandTimeout
+                return Output(replies: [Envelope.handshakeResponse(noise: message2).encode()])
+            } catch {
+                return refuse(.handshakeFailed)
+            }
+        }
+        // Pairing: the PSK is the CPace key for the code this box shows. A phone that used
+        // another code cannot open message 2, and learns nothing it could test codes against
+        // offline; the box learns of a wrong code when the phone's `pair` fails to decrypt.
+        let context = PairingContext.bytes(advertisement: advertisement, boxKey: identity.publicKey, phoneKey: phone)
+        let party = CPace.start(code: pairing.code.bytes, context: context)
         do {
-            let (message2, channel) = try responder.writeMessage2()
+            let psk = try CPace.finish(party, peerShare: pairing.share, context: context,
+                                       initiatorShare: pairing.share, responderShare: party.share)
+            let (message2, channel) = try responder.writeMessage2(psk: psk)
             transport = channel
-            state = .awaitingCommand
+            state = .awaitingPairConfirm
             deadline = now + commandTimeout
-            return Output(replies: [Envelope.handshakeResponse(noise: message2).encode()])
+            return Output(replies: [Envelope.pairingResponse(share: party.share, noise: message2).encode()],
+                          request: .pairingAttempt(phone))
         } catch {
-            return refuse(.handshakeFailed)
+            return refuse(.malformed)
         }
     }
 
@@ -185,7 +224,8 @@ public struct BoxConnection {
         case .lock: deadline = nil; out.request = .action(.lock)
         case .logout: deadline = nil; out.request = .action(.logout)
         case .attach: deadline = nil; out.request = .action(.attach)
-        case .keepalive: out.replies = seal(.keepalive)
+        case .pair: deadline = nil; out.request = .action(.pair)
+        case .keepalive: out.replies = seal(.keepalive); out.request = .keepalive
         case .error(let e): close(); out.request = .close(reason: .peerError(e))
         case .detach: close(); out.request = .close(reason: .detached)
         case .loginResult, .actionResult: break   // excluded by the state table
@@ -222,5 +262,12 @@ public struct BoxConnection {
         state = .closed
         transport = nil
         deadline = nil
+    }
+}
+
+/// The CPace context of a pairing handshake: what both sides must agree on besides the code.
+public enum PairingContext {
+    public static func bytes(advertisement: Advertisement, boxKey: PublicKey, phoneKey: PublicKey) -> [UInt8] {
+        Array("BOXKEY-PAIR".utf8) + advertisement.prologue + boxKey.bytes + phoneKey.bytes
     }
 }

@@ -5,6 +5,9 @@ public struct PhoneConnection {
         case refused(Refusal)
         /// Message 2 did not decrypt: the box does not hold the pinned key (or a relay tampered).
         case boxAuthenticationFailed
+        /// A pairing message 2 did not decrypt: the code was wrong, or this is not the box that
+        /// shows it (a box with the same ID and another key). Nothing was pinned or sent.
+        case pairingFailed
         case malformed(String)
         /// The box sent something not legal in our state, or we tried to.
         case unexpected(String)
@@ -28,13 +31,22 @@ public struct PhoneConnection {
 
     private var initiator: NoiseIKInitiator
     private var transport: NoiseTransport?
+    /// Pairing only: the CPace party and its context.
+    private let pairing: (party: CPace.Party, context: [UInt8])?
 
     /// `advertisement` is the one just heard from the box: its nonce goes into the prologue.
-    public init(identity: KeyPair, boxKey: PublicKey, advertisement: Advertisement, ephemeral: KeyPair? = nil) {
+    /// With `pairingCode`, this is a pairing handshake (IKpsk2 keyed by CPace on the code);
+    /// `boxKey` is then the key the box's Info claims, which the code verifies.
+    public init(identity: KeyPair, boxKey: PublicKey, advertisement: Advertisement, pairingCode: PairingCode? = nil,
+                ephemeral: KeyPair? = nil) {
         self.advertisement = advertisement
         self.boxKey = boxKey
         self.initiator = NoiseIKInitiator(prologue: advertisement.prologue, localStatic: identity,
-                                          remoteStatic: boxKey, ephemeral: ephemeral)
+                                          remoteStatic: boxKey, ephemeral: ephemeral, psk: pairingCode != nil)
+        pairing = pairingCode.map { code in
+            let context = PairingContext.bytes(advertisement: advertisement, boxKey: boxKey, phoneKey: identity.publicKey)
+            return (CPace.start(code: code.bytes, context: context), context)
+        }
     }
 
     /// The first envelope to send.
@@ -43,6 +55,9 @@ public struct PhoneConnection {
         do {
             let message1 = try initiator.writeMessage1()
             state = .awaitingHandshakeResponse
+            if let pairing {
+                return Envelope.pairingInit(advertisementNonce: advertisement.nonce, share: pairing.party.share, noise: message1).encode()
+            }
             return Envelope.handshakeInit(advertisementNonce: advertisement.nonce, noise: message1).encode()
         } catch {
             state = .closed
@@ -97,7 +112,24 @@ public struct PhoneConnection {
         case (_, .refusal(let refusal)):
             close()
             throw .refused(refusal)
+        case (.awaitingHandshakeResponse, .pairingResponse(let share, let noise)):
+            guard let pairing else { close(); throw .unexpected("pairing response to a login handshake") }
+            do {
+                let psk = try CPace.finish(pairing.party, peerShare: share, context: pairing.context,
+                                           initiatorShare: pairing.party.share, responderShare: share)
+                let (payload, channel) = try initiator.readMessage2(noise, psk: psk)
+                guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }
+                transport = channel
+                state = .ready
+                return .channelOpen
+            } catch let error as Error {
+                throw error
+            } catch {
+                close()
+                throw .pairingFailed
+            }
         case (.awaitingHandshakeResponse, .handshakeResponse(let noise)):
+            guard pairing == nil else { close(); throw .unexpected("login response to a pairing handshake") }
             do {
                 let (payload, channel) = try initiator.readMessage2(noise)
                 guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }

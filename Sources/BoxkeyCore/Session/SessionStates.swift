@@ -4,6 +4,7 @@
 /// Box:
 ///
 ///     awaitingHandshake --msg 1 ok--> awaitingCommand
+///     awaitingHandshake --pairing msg 1 ok--> awaitingPairConfirm --pair--> acting(pair) --any--> closed
 ///     awaitingCommand --credentialPush--> verifying --accepted--> present
 ///                                                   --otherwise--> closed
 ///     awaitingCommand | present --lock | logout | attach--> acting(action)
@@ -17,6 +18,8 @@
 /// awaitingCommand, and the box never leaves verifying back to awaitingCommand.
 public enum BoxSessionState: Equatable, Sendable {
     case awaitingHandshake
+    /// A pairing handshake is done: only `pair` is legal (a pairing channel never pushes).
+    case awaitingPairConfirm
     case awaitingCommand
     case verifying
     case acting(ActionResult.Action)
@@ -26,6 +29,7 @@ public enum BoxSessionState: Equatable, Sendable {
     /// The state after the phone's `message`, or nil if the message is illegal here.
     public func next(onPhone message: AppMessage.MessageType) -> BoxSessionState? {
         switch (self, message) {
+        case (.awaitingPairConfirm, .pair): return .acting(.pair)
         case (.awaitingCommand, .credentialPush): return .verifying
         case (.awaitingCommand, .lock), (.present, .lock): return .acting(.lock)
         case (.awaitingCommand, .logout), (.present, .logout): return .acting(.logout)
@@ -56,6 +60,7 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     ready --credentialPush--> awaitingLoginResult --accepted--> present
 ///                                                    --otherwise--> closed
 ///     ready | present --lock | logout | attach--> awaitingActionResult(action)
+///     ready (after a pairing handshake) --pair--> awaitingActionResult(pair) --any--> closed
 ///     awaitingActionResult(attach) --done--> present; every other answer --> closed
 ///     present --keepalive (either way)--> present
 ///     present --detach--> closed
@@ -76,6 +81,7 @@ public enum PhoneSessionState: Equatable, Sendable {
         case (.ready, .lock), (.present, .lock): return .awaitingActionResult(.lock)
         case (.ready, .logout), (.present, .logout): return .awaitingActionResult(.logout)
         case (.ready, .attach): return .awaitingActionResult(.attach)
+        case (.ready, .pair): return .awaitingActionResult(.pair)
         case (.present, .keepalive): return .present
         case (.present, .detach): return .closed
         case (_, .error) where self != .closed && self != .idle: return .closed

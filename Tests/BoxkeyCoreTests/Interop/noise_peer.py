@@ -17,8 +17,14 @@ from noise.connection import NoiseConnection, Keypair
 NAME = b"Noise_IK_25519_ChaChaPoly_BLAKE2b"
 
 
+PSK_NAME = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2b"
+
+
 def conn(role, cfg, static_priv, ephemeral_priv=None, remote_pub=None):
-    c = NoiseConnection.from_name(NAME)
+    # With "psk" in the config: IKpsk2, Boxkey's pairing handshake.
+    c = NoiseConnection.from_name(PSK_NAME if "psk" in cfg else NAME)
+    if "psk" in cfg:
+        c.set_psks(psk=bytes.fromhex(cfg["psk"]))
     if role == "initiator":
         c.set_as_initiator()
     else:

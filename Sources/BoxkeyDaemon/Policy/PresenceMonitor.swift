@@ -1,0 +1,75 @@
+import BoxkeyCore
+
+/// One presence link: is the phone still here? Pure (time and samples are passed in).
+///
+/// Three signals, any of which means "walked away":
+/// - no sealed keepalive for `keepaliveTimeout` (a relay or a stuck link that carries nothing
+///   authenticated is not presence);
+/// - the mean of the last `samples` RSSI readings below `lockThreshold` for `awayAfter`, the
+///   countdown cleared only above `returnThreshold` (hysteresis);
+/// - RSSI unreadable for `awayAfter` (a failed read is no sample, never a good one).
+public struct PresenceMonitor: Sendable {
+    public struct Settings: Sendable {
+        public var keepaliveTimeout: Duration
+        public var rssiInterval: Duration
+        public var samples: Int
+        public var lockThreshold: Int
+        public var returnThreshold: Int
+        public var awayAfter: Duration
+    }
+
+    public let phone: PublicKey
+    public let user: String
+    let settings: Settings
+    private(set) var lastKeepalive: Duration
+    private var readings: [Int] = []
+    private var belowSince: Duration?
+    private var failingSince: Duration?
+    public private(set) var nextSample: Duration
+
+    public init(phone: PublicKey, user: String, settings: Settings, now: Duration) {
+        self.phone = phone
+        self.user = user
+        self.settings = settings
+        lastKeepalive = now
+        nextSample = now + settings.rssiInterval
+    }
+
+    public mutating func keepalive(now: Duration) { lastKeepalive = now }
+
+    /// Why the phone counts as gone at `now`, or nil.
+    public func away(now: Duration) -> String? {
+        if now - lastKeepalive >= settings.keepaliveTimeout {
+            return "no keepalive for \(now - lastKeepalive)"
+        }
+        if let since = belowSince, now - since >= settings.awayAfter {
+            return "signal below \(settings.lockThreshold) dBm"
+        }
+        if let since = failingSince, now - since >= settings.awayAfter {
+            return "signal unreadable since \(now - since) ago"
+        }
+        return nil
+    }
+
+    /// One RSSI reading, nil when the read failed. Always moves `nextSample` on, so a failing
+    /// read never makes the timer loop spin.
+    public mutating func sample(_ rssi: Int?, now: Duration) {
+        nextSample = now + settings.rssiInterval
+        guard let rssi else {
+            failingSince = failingSince ?? now
+            return
+        }
+        failingSince = nil
+        readings.append(rssi)
+        if readings.count > settings.samples { readings.removeFirst(readings.count - settings.samples) }
+        if readings.count >= settings.samples, mean < Double(settings.lockThreshold) {
+            belowSince = belowSince ?? now
+        } else if mean > Double(settings.returnThreshold) {
+            belowSince = nil
+        }
+    }
+
+    public var mean: Double { readings.isEmpty ? 0 : Double(readings.reduce(0, +)) / Double(readings.count) }
+
+    public var nextDeadline: Duration { min(nextSample, lastKeepalive + settings.keepaliveTimeout) }
+}

@@ -1,0 +1,78 @@
+import BoxkeyCore
+import BoxkeyPAMWire
+import BoxkeyRadio
+
+/// The login prompts waiting for a push, and which of them a push may go to. Pure: no timers,
+/// no continuations (the box keeps those).
+public struct PromptTable: Sendable {
+    public struct Prompt: Sendable {
+        public var id: UInt64
+        public var request: PAMRequest.WaitRequest
+        /// The logind session of the process that asked, when it has one (a screen locker).
+        public var owner: LoginSession?
+        public var deadline: Duration
+        /// True once the module waits for the push (the box holds its continuation).
+        public var waiting = false
+        /// Set once a push went to this prompt: whose it was, for the outcome relay.
+        public var verifying: Verifying?
+
+        /// "lightdm on seat0 :0", "login on tty2": what the phone prints.
+        public var description: String {
+            let place = owner?.place ?? [request.tty, request.display].filter { !$0.isEmpty }.joined(separator: " ")
+            return place.isEmpty ? request.service : "\(request.service) on \(place)"
+        }
+    }
+
+    public struct Verifying: Sendable {
+        public var link: CentralID
+        public var phone: PublicKey
+        public var user: String
+        public var name: String
+        public var ticket: String
+    }
+
+    public enum Choice: Equatable, Sendable {
+        case prompt(UInt64)
+        case none
+        /// Prompts are waiting, but none may log in this user.
+        case otherUser
+        /// More than one prompt could take it: the box does not guess.
+        case ambiguous([String])
+    }
+
+    public private(set) var prompts: [UInt64: Prompt] = [:]
+    private var nextID: UInt64 = 0
+
+    public init() {}
+
+    public mutating func add(_ request: PAMRequest.WaitRequest, owner: LoginSession?, deadline: Duration) -> (id: UInt64, superseded: [UInt64]) {
+        // A new prompt on the same terminal replaces the old one (the greeter restarted).
+        let superseded = prompts.values.filter { $0.waiting && $0.request.service == request.service && $0.request.tty == request.tty
+                                                 && $0.request.display == request.display }.map(\.id)
+        nextID += 1
+        prompts[nextID] = Prompt(id: nextID, request: request, owner: owner, deadline: deadline)
+        return (nextID, superseded)
+    }
+
+    public subscript(id: UInt64) -> Prompt? {
+        get { prompts[id] }
+        set { prompts[id] = newValue }
+    }
+
+    public var waiting: [Prompt] { prompts.values.filter(\.waiting).sorted { $0.id < $1.id } }
+
+    /// Which prompt a push for `user` goes to: the only waiting prompt that may log in that
+    /// user — a greeter (no expected user) or that user's own locker.
+    public func choose(for user: String) -> Choice {
+        let open = waiting
+        guard !open.isEmpty else { return .none }
+        let fit = open.filter { $0.request.expectedUser.isEmpty || $0.request.expectedUser == user }
+        switch fit.count {
+        case 0: return .otherUser
+        case 1: return .prompt(fit[0].id)
+        default: return .ambiguous(fit.map(\.description))
+        }
+    }
+
+    public mutating func remove(_ id: UInt64) { prompts[id] = nil }
+}
