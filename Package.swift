@@ -83,7 +83,7 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             .product(name: "TOMLKit", package: "TOMLKit"),

@@ -376,6 +376,9 @@ public actor Box {
             return
         }
         switch prompts.choose(for: user) {
+        case .none where config.logindUnlock:
+            links[id]?.prompt = nil
+            Task { await self.unlockThroughLogind(push, phone: phone, on: id) }
         case .none:
             audit.info("refused push: \(who): box is not at a login prompt")
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
@@ -395,6 +398,62 @@ public actor Box {
             waiters.removeValue(forKey: promptID)?.resume(returning: .push(user: user, password: push.password, ticket: ticket))
             readvertise()
         }
+    }
+
+    /// No prompt waits, but a screen locker running as the user may: if logind says the user
+    /// has exactly one locked local session, verify the pushed password through the box's own
+    /// PAM service and unlock that session through logind (`[unlock]`).
+    private func unlockThroughLogind(_ push: CredentialPush, phone: PublicKey, on id: CentralID) async {
+        let user = push.user
+        let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
+        func finish(_ result: LoginResult) { finishLogin(on: id, result, now: clock.now) }
+        guard let uid = uid(of: user) else {
+            audit.notice("refused push: \(who): no such user")
+            return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
+        }
+        let locked: [LoginSession]
+        do { locked = try await sessions.sessions(ofUID: uid).filter { $0.isLocal && $0.locked && $0.sessionClass == "user" } } catch {
+            audit.warning("refused push: \(who): logind did not answer (\(error))")
+            return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
+        }
+        guard let session = locked.first else {
+            audit.info("refused push: \(who): box is not at a login prompt and \(logSafe(user)) has no locked local session")
+            return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
+        }
+        guard locked.count == 1 else {
+            audit.notice("refused push: \(who): \(locked.count) locked sessions could take it")
+            return finish(LoginResult(.ambiguousPrompt, reason: String("more than one locked session: \(locked.map(\.place).joined(separator: "; "))".prefix(LoginResult.maxReasonLength))))
+        }
+        let place = "session \(session.id) (\(session.place))"
+        audit.info("login attempt: \(who) into \(logSafe(config.unlockService)) to unlock \(logSafe(place)) through logind")
+        let verdict = await PAMVerifier(service: config.unlockService).verify(user: user, password: push.password)
+        let now = clock.now
+        guard verdict == .accepted else {
+            rejectedByPhone.record(phone, now: now)
+            rejectedByUser.record(user, now: now)
+            let reason = if case .rejected(let r) = verdict { r } else { "" }
+            audit.notice("login rejected: \(who) via \(logSafe(config.unlockService)): \(logSafe(reason))")
+            return finish(LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))))
+        }
+        do { try await sessions.unlock(session: session.id) } catch {
+            logger.error("logind did not unlock \(logSafe(place)): \(error)")
+            return finish(LoginResult(.timedOut, reason: "the password was accepted, but logind did not unlock the session"))
+        }
+        audit.info("login accepted: \(who) via \(logSafe(config.unlockService)); unlocked \(logSafe(place)) through logind")
+        if !registry.users(of: phone).contains(user) {
+            try? registry.enrol(phone, user: user, name: push.deviceName, by: "pairing code")
+            audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by its first login under a pairing code")
+        }
+        enrolment.settle(phone)
+        try? registry.recordLogin(phone, name: push.deviceName)
+        registered.register(session, service: config.unlockService, phone: phone)
+        lockedUsers.remove(user)
+        if links[id] != nil {
+            presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
+            graces[phone] = nil
+        }
+        finish(LoginResult(.accepted, reason: String("\(place) unlocked through logind".prefix(LoginResult.maxReasonLength))))
+        readvertise()
     }
 
     private func finishLogin(on id: CentralID, _ result: LoginResult, now: Duration) {

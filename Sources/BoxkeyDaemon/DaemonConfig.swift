@@ -52,6 +52,13 @@ public struct DaemonConfig: Sendable, Equatable {
     /// lockers. Never sudo, su, polkit-1, sshd or cron unless an admin adds them.
     public var phoneLoginServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
 
+    // [unlock]
+    /// Screen lockers that run as the user cannot reach the root-only socket. With this on, a
+    /// push that finds no prompt but a locked local session of that user is verified through
+    /// `unlockService` (PAM, as root) and the session unlocked through logind.
+    public var logindUnlock = false
+    public var unlockService = "boxkey-unlock"
+
     public static let defaultPhoneLoginServices: Set<String> = [
         "login", "gdm-password", "gdm-boxkey", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
         "xscreensaver", "gnome-screensaver", "cinnamon-screensaver", "mate-screensaver", "xfce4-screensaver",
@@ -83,7 +90,14 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         var c = DaemonConfig()
         var reader = Reader(source: source)
-        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment"])
+        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock"])
+        if let t = try reader.section(table, "unlock", keys: ["logind_unlock", "pam_service"]) {
+            if let v = t["logind_unlock"] {
+                guard let b = v.bool else { throw Error("\(source): [unlock] logind_unlock must be true or false") }
+                c.logindUnlock = b
+            }
+            c.unlockService = try reader.string(t, "unlock", "pam_service") ?? c.unlockService
+        }
         if let t = try reader.section(table, "box", keys: ["id", "state_directory"]) {
             if let id = try reader.string(t, "box", "id") {
                 guard let boxID = BoxID(id) else { throw Error("\(source): [box] id must be four digits, got \"\(id)\"") }

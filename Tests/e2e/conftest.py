@@ -1,21 +1,31 @@
 """End-to-end fixtures: real boxkeyd and boxkey processes on the simulated radio, a real PAM
 stack (pam_wrapper + pamtester + pam_matrix), and python-dbusmock's logind on a private bus.
+The box knows its users (alice 1000, mallory 1001, bob 1002) through nss_wrapper; several
+phones, each its own boxkey home, share the air.
 
 In the VM lab (Tests/lab, BOXKEY_E2E_RADIO=bluez) the same fixtures put the box on hci0 and the
 phone on hci1 through the real bluetoothd, and logind's mock on the lab's system bus (BlueZ
 lives there too); binaries come prebuilt from the host (BOXKEY_E2E_PREBUILT)."""
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
+import dbus
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PAM_MATRIX = "/usr/lib/x86_64-linux-gnu/pam_wrapper/pam_matrix.so"
 PASSWORD = "correct horse battery"
+PASSWORDS = {"alice": PASSWORD, "mallory": "mallory's own password", "bob": "bob's own password"}
+USERS = {"alice": 1000, "mallory": 1001, "bob": 1002}
+# The PAM services the World's box offers phone login in: pamtester's, pam_cycles' and two real ones.
+SERVICES = ["login", "gdm-password", "boxkey-test", "boxkey-only"]
+FINGERPRINT = r"[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}"
 RADIO = os.environ.get("BOXKEY_E2E_RADIO", "simulated")
 
 
@@ -47,8 +57,39 @@ def bins():
             "module": module, "harness": harness}
 
 
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v)
+
+
+# logind's GetSessionByPID finds the session from the process's cgroup; the mock reads the
+# MOCK_LOGIND_SESSION variable the test gave the process instead. dbusmock runs this with exec()
+# and separate locals: no comprehensions that would need `args`.
+GET_SESSION_BY_PID = """\
+session = ''
+try:
+    with open('/proc/%d/environ' % args[0], 'rb') as f:
+        for entry in f.read().split(b'\\0'):
+            if entry.startswith(b'MOCK_LOGIND_SESSION='):
+                session = entry.split(b'=', 1)[1].decode()
+except OSError:
+    pass
+if not session:
+    raise dbus.exceptions.DBusException('PID %d does not belong to any known session' % args[0],
+                                        name='org.freedesktop.login1.NoSessionForPID')
+ret = dbus.ObjectPath('/org/freedesktop/login1/session/' + session)
+"""
+
+
 class Logind:
-    """A private dbus-daemon with dbusmock's logind template; `calls()` reads its call log."""
+    """A private dbus-daemon with dbusmock's logind template, plus GetSessionByPID; `calls()`
+    reads its call log ('LockSession "42"', 'TerminateSession "42"', ...)."""
+    BUS_NAME, PATH, MOCK = "org.freedesktop.login1", "/org/freedesktop/login1", "org.freedesktop.DBus.Mock"
 
     def __init__(self, work):
         self.log = os.path.join(work, "logind.log")
@@ -56,29 +97,43 @@ class Logind:
         if RADIO == "bluez":
             # The lab's own system bus, which BlueZ is on; the VM is thrown away afterwards.
             self.address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
-            self.mock = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "logind", "-l", self.log],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_for(lambda: subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.login1",
-                                             "/org/freedesktop/login1", "org.freedesktop.DBus.Peer.Ping"],
-                                            capture_output=True).returncode == 0, timeout=30, what="logind mock")
-            return
-        address_file = os.path.join(work, "bus-address")
-        with open(address_file, "w") as out:
-            self.bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
-                                        stdout=out, stderr=subprocess.DEVNULL)
-        wait_for(lambda: os.path.getsize(address_file) > 0, what="dbus-daemon")
-        self.address = open(address_file).readline().strip()
-        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
-        self.mock = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "logind",
-                                      "-l", self.log], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.login1",
-                                         "/org/freedesktop/login1", "org.freedesktop.DBus.Peer.Ping"],
-                                        env=env, capture_output=True).returncode == 0, what="logind mock")
+            env = dict(os.environ)
+        else:
+            address_file = os.path.join(work, "bus-address")
+            with open(address_file, "w") as out:
+                self.bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+                                            stdout=out, stderr=subprocess.DEVNULL)
+            wait_for(lambda: os.path.getsize(address_file) > 0, what="dbus-daemon")
+            self.address = open(address_file).readline().strip()
+            env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
+        env.pop("DISPLAY", None)  # the template copies it into every session
+        self.mock = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "logind", "-l", self.log],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: subprocess.run(["dbus-send", "--system", "--print-reply", f"--dest={self.BUS_NAME}", self.PATH,
+                                         "org.freedesktop.DBus.Peer.Ping"], env=env, capture_output=True).returncode == 0,
+                 timeout=30 if RADIO == "bluez" else 10, what="logind mock")
+        self.connection = dbus.bus.BusConnection(self.address)
+        self.manager = self.connection.get_object(self.BUS_NAME, self.PATH)
+        self.manager.AddMethod("org.freedesktop.login1.Manager", "GetSessionByPID", "u", "o", GET_SESSION_BY_PID,
+                               dbus_interface=self.MOCK)
+
+    def add_session(self, id, uid, user, seat="seat0", remote=False, locked=False, tty="", display="", service=""):
+        """A logind session. A remote one (sshd's) has Remote=true, no seat and a remote host."""
+        self.manager.AddSession(id, seat, dbus.UInt32(uid), user, True, dbus_interface=self.MOCK)
+        props = {"TTY": tty, "Display": display, "LockedHint": dbus.Boolean(locked), "Service": service}
+        if remote:
+            props.update(Remote=dbus.Boolean(True), RemoteHost="203.0.113.9", TTY=tty or "pts/0",
+                         Seat=dbus.Struct(("", dbus.ObjectPath("/")), signature="so"))
+        session = self.connection.get_object(self.BUS_NAME, f"{self.PATH}/session/{id}")
+        for name, value in props.items():
+            # Properties.Set, not the Mock's UpdateProperties: that cannot signal a struct (Seat).
+            session.Set("org.freedesktop.login1.Session", name, value, dbus_interface=dbus.PROPERTIES_IFACE)
 
     def calls(self):
         return open(self.log).read() if os.path.exists(self.log) else ""
 
     def stop(self):
+        self.connection.close()
         for p in (self.mock, self.bus):
             if p is None:
                 continue
@@ -86,8 +141,50 @@ class Logind:
             p.wait(5)
 
 
+class Prompt:
+    """A running pamtester: its output is collected as it comes (stdbuf makes pamtester's stdout
+    line-buffered; prompts go to unbuffered stderr), its input can be typed later."""
+
+    def __init__(self, process, stdin):
+        self.process = process
+        self.pid = process.pid
+        self._out = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if stdin is not None:
+            try:
+                self.type(stdin)
+            except BrokenPipeError:
+                pass
+            self.close_input()
+
+    def _read(self):
+        while chunk := os.read(self.process.stdout.fileno(), 4096):
+            self._out += chunk
+
+    def text(self):
+        return bytes(self._out).decode("utf-8", "replace")
+
+    def type(self, text):
+        self.process.stdin.write(text.encode())
+        self.process.stdin.flush()
+
+    def close_input(self):
+        if not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def poll(self):
+        return self.process.poll()
+
+    def kill(self):
+        self.process.kill()
+
+
 class World:
-    """One box, one phone, one PAM service, in a temporary folder."""
+    """One box and its users, one or more phones, PAM prompts, in a temporary folder."""
 
     def __init__(self, bins, work, logind):
         self.bins, self.work, self.logind = bins, work, logind
@@ -99,35 +196,49 @@ class World:
         self.env = dict(os.environ, BOXKEY_SIM_DIR=self.sim, BOXKEY_RADIO=RADIO, DBUS_SYSTEM_BUS_ADDRESS=logind.address,
                         XDG_CONFIG_HOME=os.path.join(work, "phone", "config"),
                         XDG_DATA_HOME=os.path.join(work, "phone", "data"))
-        self.env.pop("XDG_SESSION_ID", None)
+        for name in ("XDG_SESSION_ID", "MOCK_LOGIND_SESSION", "LD_PRELOAD"):
+            self.env.pop(name, None)
         if RADIO == "bluez":
             self.env["BOXKEY_ADAPTER"] = "hci1"
-        self.config_extra = ""
+        # boxkeyd.conf, section by section; tests change values here before start_box().
+        self.settings = {
+            "box": {"id": "4821", "state_directory": f"{work}/box"},
+            "radio": {"backend": RADIO, "adapter": "hci0" if RADIO == "bluez" else ""},
+            "presence": {"grace_s": 1},
+            "pam": {"socket": self.socket, "services": list(SERVICES)},
+        }
+        self.config_extra = ""  # appended verbatim: sections not in settings
         self.module_options = "timeout=20 answer_prompt"
+        self.prompts = 0
+        self.processes = []  # prompts and background phones, stopped when the test ends
         os.makedirs(os.path.join(work, "pam.d"))
         with open(os.path.join(work, "passdb"), "w") as f:
-            f.write(f"alice:{PASSWORD}:boxkey-test\n")
+            f.writelines(f"{user}:{password}:boxkey-test\n" for user, password in PASSWORDS.items())
+        with open(os.path.join(work, "passwd"), "w") as f:
+            f.write("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+            f.writelines(f"{user}:x:{uid}:{uid}:{user}:/home/{user}:/bin/sh\n" for user, uid in USERS.items())
+        with open(os.path.join(work, "group"), "w") as f:
+            f.write("root:x:0:\nnogroup:x:65534:\n")
+            f.writelines(f"{user}:x:{uid}:\n" for user, uid in USERS.items())
+        open(os.path.join(work, "pam_env.conf"), "w").close()
+        # The box's users, for boxkeyd and for the PAM stacks.
+        self.nss = {"LD_PRELOAD": "libnss_wrapper.so", "NSS_WRAPPER_PASSWD": os.path.join(work, "passwd"),
+                    "NSS_WRAPPER_GROUP": os.path.join(work, "group")}
+        self.box_env = dict(self.env, **self.nss)
 
     # --- box -------------------------------------------------------------------------------
     def config(self):
         path = os.path.join(self.work, "boxkeyd.conf")
         with open(path, "w") as f:
-            f.write(f"""[box]
-id = "4821"
-state_directory = "{self.work}/box"
-[radio]
-backend = "{RADIO}"
-adapter = "{'hci0' if RADIO == 'bluez' else ''}"
-[presence]
-grace_s = 1
-[pam]
-socket = "{self.socket}"
-{self.config_extra}""")
+            for section, values in self.settings.items():
+                f.write(f"[{section}]\n")
+                f.writelines(f"{key} = {toml_value(value)}\n" for key, value in values.items())
+            f.write(self.config_extra)
         return path
 
     def start_box(self, expect_ready=True):
         self.box_process = subprocess.Popen([self.bins["boxkeyd"], "--config", self.config(), "--log-level", "debug"],
-                                            env=self.env, stdout=open(self.box_log, "a"), stderr=subprocess.STDOUT)
+                                            env=self.box_env, stdout=open(self.box_log, "a"), stderr=subprocess.STDOUT)
         if expect_ready:
             slow = 60 if RADIO == "bluez" else 10  # the lab emulates its CPU
             wait_for(lambda: os.path.exists(self.socket), timeout=slow, what="boxkeyd's socket")
@@ -143,69 +254,159 @@ socket = "{self.socket}"
         return open(self.box_log).read() if os.path.exists(self.box_log) else ""
 
     def admin(self, *args):
-        r = subprocess.run([self.bins["boxkeyd"], *args, "--config", self.config()], env=self.env, capture_output=True, text=True, timeout=20)
+        r = subprocess.run([self.bins["boxkeyd"], *args, "--config", self.config()], env=self.box_env, capture_output=True, text=True, timeout=20)
         self.outputs.append(r.stdout + r.stderr)
         return r
 
-    # --- phone -----------------------------------------------------------------------------
-    def phone(self, *args, stdin=None, timeout=60, extra_env=None):
-        env = dict(self.env, **(extra_env or {}))
+    def box_key(self):
+        """The box's public key, 64 hex digits (for `boxkey pair --box-key`), from `boxkeyd status`."""
+        status = self.admin("status").stdout
+        m = re.search(r"^public key:\s+([0-9a-f]{64})$", status, re.M)
+        assert m, status
+        return m.group(1)
+
+    def box_memory_count(self, secret):
+        """How many times `secret` (bytes) is in boxkeyd's readable, writable memory (root reads
+        /proc/PID/mem even of a non-dumpable process)."""
+        pid, hits, chunk = self.box_process.pid, 0, 1 << 24
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+            for line in maps:
+                fields = line.split()
+                if not fields[1].startswith("rw"):
+                    continue
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                for at in range(start, end, chunk):
+                    try:
+                        mem.seek(at)
+                        data = mem.read(min(chunk + len(secret) - 1, end - at))
+                    except (OSError, ValueError, OverflowError):
+                        break
+                    hits += data.count(secret)
+        return hits
+
+    # --- phones ----------------------------------------------------------------------------
+    def phone_env(self, who="alice"):
+        """Each phone is its own boxkey home; alice's is the World's default phone."""
+        if who == "alice":
+            return dict(self.env)
+        home = os.path.join(self.work, f"phone-{who}")
+        return dict(self.env, XDG_CONFIG_HOME=os.path.join(home, "config"), XDG_DATA_HOME=os.path.join(home, "data"),
+                    XDG_STATE_HOME=os.path.join(home, "state"))
+
+    def phone(self, *args, stdin=None, timeout=60, extra_env=None, who="alice"):
+        env = dict(self.phone_env(who), **(extra_env or {}))
         r = subprocess.run([self.bins["boxkey"], *args], env=env, input=stdin, capture_output=True, text=True, timeout=timeout)
         self.outputs.append(r.stdout + r.stderr)
         return r
 
-    def phone_background(self, *args):
-        log = os.path.join(self.work, f"phone-{len(self.outputs)}.log")
-        p = subprocess.Popen([self.bins["boxkey"], *args], env=self.env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    def phone_background(self, *args, who="alice"):
+        log = os.path.join(self.work, f"phone-{len(self.outputs)}-{time.monotonic_ns()}.log")
+        p = subprocess.Popen([self.bins["boxkey"], *args], env=self.phone_env(who), stdout=open(log, "w"), stderr=subprocess.STDOUT)
         p.log = log
+        self.processes.append(p)
         return p
 
-    def pair_and_store(self, password=PASSWORD):
-        r = self.phone("pair", "4821", "--yes")
-        assert r.returncode == 0, r.stderr
-        r = self.phone("credentials", "set", "--user", "alice", stdin=password + "\n")
+    def pairing_code(self, user=None):
+        """A code minted by the box's admin: `boxkeyd pair-code [--user USER]`."""
+        r = self.admin("pair-code", *(["--user", user] if user else []))
+        m = re.search(r"Pairing code for box 4821: (\d{6})", r.stdout)
+        assert r.returncode == 0 and m, r.stdout + r.stderr
+        return m.group(1)
+
+    def prompt_pairing_code(self, prompt, timeout=10):
+        """The code a waiting login prompt shows ("New phone? Pairing code 123456 — ...")."""
+        wait_for(lambda: re.search(r"Pairing code (\d{6})", prompt.text()), timeout=timeout, what="the prompt's pairing code")
+        return re.search(r"Pairing code (\d{6})", prompt.text()).group(1)
+
+    def pair(self, code, who="alice"):
+        return self.phone("pair", "4821", "--code", code, who=who)
+
+    def pair_and_store(self, password=None, user="alice", who="alice", enrol=True):
+        """Pairs a phone with an admin's code and stores its credentials. enrol: the code names the
+        user, so the phone is enrolled at pairing; otherwise it is pending until its first login."""
+        r = self.pair(self.pairing_code(user if enrol else None), who)
+        assert r.returncode == 0 and "Paired with box 4821" in r.stdout, r.stdout + r.stderr
+        r = self.phone("credentials", "set", "--user", user, stdin=(password or PASSWORDS[user]) + "\n", who=who)
         assert r.returncode == 0, r.stderr
 
-    # --- the box's login prompt -------------------------------------------------------------
-    def pam_service(self, module_options=None):
-        path = os.path.join(self.work, "pam.d", "boxkey-test")
-        with open(path, "w") as f:
-            f.write(f"auth [success=ok default=ignore] {self.bins['module']} socket={self.socket} "
-                    f"{module_options if module_options is not None else self.module_options}\n"
-                    f"auth required {PAM_MATRIX} passdb={self.work}/passdb\n"
+    def pair_by_key(self, who, user="alice", password="a guess"):
+        """A phone that pinned the box's key but was never enrolled (a stranger)."""
+        r = self.phone("pair", "4821", "--box-key", self.box_key(), who=who)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert self.phone("credentials", "set", "--user", user, stdin=password + "\n", who=who).returncode == 0
+
+    # --- the box's login prompts ------------------------------------------------------------
+    def module_line(self, options=None):
+        return f"auth [success=ok default=ignore] {self.bins['module']} socket={self.socket} {options if options is not None else self.module_options}"
+
+    def matrix_line(self, control="required"):
+        return f"auth {control} {PAM_MATRIX} passdb={self.work}/passdb"
+
+    def pam_service(self, name="boxkey-test", directory=None, auth=None, envfile=None):
+        """A PAM stack: the module, then pam_matrix asking for the password. In the session stack
+        pam_env stands in for pam_systemd: it puts XDG_SESSION_ID from `envfile` into the PAM
+        environment (readenv=1 is what makes pam_env read envfile)."""
+        directory = directory or os.path.join(self.work, "pam.d")
+        envfile = envfile or os.devnull
+        with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(auth or [self.module_line(), self.matrix_line()]) + "\n"
                     f"account required {PAM_MATRIX} passdb={self.work}/passdb\n"
+                    f"session required pam_env.so readenv=1 user_readenv=0 conffile={self.work}/pam_env.conf envfile={envfile}\n"
                     f"session optional {self.bins['module']} socket={self.socket}\n")
-        return path
+        return directory
 
-    def pam_env(self):
-        return dict(self.env, LD_PRELOAD="libpam_wrapper.so", PAM_WRAPPER="1",
-                    PAM_WRAPPER_SERVICE_DIR=os.path.join(self.work, "pam.d"))
+    def pam_env(self, service_dir=None):
+        return dict(self.env, PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=service_dir or os.path.join(self.work, "pam.d"),
+                    **dict(self.nss, LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so"))
 
-    def greeter(self, *operations, stdin="", session_id="42"):
-        """A login prompt: pamtester in the test PAM stack. Returns once the daemon sees it waiting."""
-        self.pam_service()
+    def greeter(self, *operations, stdin="", user="alice", service="boxkey-test", tty="tty1", rhost=None,
+                session="42", logind_session=None, env=None, auth=None, wait=True):
+        """A login prompt: pamtester in its own copy of the test PAM stack. tty and rhost are its
+        PAM items; session is the XDG_SESSION_ID its session stack puts in the PAM environment;
+        logind_session is what logind's GetSessionByPID says about it (None: no session, as a
+        display manager or getty); env is added to its process environment. stdin is written and
+        closed at once; None keeps it open for Prompt.type(). Unless wait=False, returns once the
+        daemon sees the prompt waiting."""
+        self.prompts += 1
+        directory = os.path.join(self.work, f"pam-{self.prompts}")
+        os.makedirs(directory)
+        envfile = os.path.join(directory, "session.env")
+        with open(envfile, "w") as f:
+            f.write(f"XDG_SESSION_ID={session}\n" if session else "")
+        self.pam_service(service, directory, auth, envfile)
+        items = [*(["-I", f"tty={tty}"] if tty else []), *(["-I", f"rhost={rhost}"] if rhost else [])]
+        process_env = dict(self.pam_env(directory), **(env or {}))
+        if logind_session:
+            process_env["MOCK_LOGIND_SESSION"] = logind_session
         before = self.box_output().count("login prompt waiting")
-        env = dict(self.pam_env(), XDG_SESSION_ID=session_id)
-        p = subprocess.Popen(["pamtester", "-v", "boxkey-test", "alice", *(operations or ("authenticate",))],
-                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        p.stdin.write(stdin)
-        p.stdin.close()
-        wait_for(lambda: self.box_output().count("login prompt waiting") > before, what="the login prompt")
-        return p
+        p = subprocess.Popen(["stdbuf", "-oL", "pamtester", "-v", *items, service, user, *(operations or ("authenticate",))],
+                             env=process_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        prompt = Prompt(p, stdin)
+        self.processes.append(p)
+        if wait:
+            wait_for(lambda: self.box_output().count("login prompt waiting") > before, what="the login prompt")
+        return prompt
 
     def finish(self, greeter, timeout=30):
-        out = greeter.stdout.read()
-        greeter.wait(timeout)
+        greeter.close_input()
+        greeter.process.wait(timeout)
+        greeter._reader.join(5)
+        out = greeter.text()
         self.outputs.append(out)
-        return greeter.returncode, out
+        return greeter.process.returncode, out
 
 
 @pytest.fixture
 def world(bins):
     work = tempfile.mkdtemp(prefix="boxkey-e2e-")
     logind = Logind(work)
+    logind.add_session("42", USERS["alice"], "alice", tty="tty1")  # alice's console session
     w = World(bins, work, logind)
     yield w
+    for p in w.processes:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
     w.stop_box()
     logind.stop()
     shutil.rmtree(work, ignore_errors=True)

@@ -1,5 +1,5 @@
 /* Runs pam_start / pam_authenticate / pam_end in a loop in one process, for the PAM module's
- * robustness and timing tests. Usage: pam_cycles SERVICE USER COUNT [RHOST]
+ * robustness and timing tests. Usage: pam_cycles SERVICE USER COUNT [RHOST [TTY]] (RHOST "": none)
  * Prints one line: cycles, the last return code, per-call max/mean milliseconds, and RSS after
  * 10 warm-up cycles and at the end (KiB). The conversation answers every prompt with nothing. */
 #include <security/pam_appl.h>
@@ -29,7 +29,7 @@ static double now_ms(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) { fprintf(stderr, "usage: %s SERVICE USER COUNT [RHOST]\n", argv[0]); return 2; }
+    if (argc < 4) { fprintf(stderr, "usage: %s SERVICE USER COUNT [RHOST [TTY]]\n", argv[0]); return 2; }
     int count = atoi(argv[3]);
     struct pam_conv conv = { quiet_conv, NULL };
     double max = 0, total = 0;
@@ -38,7 +38,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < count; i++) {
         pam_handle_t *pamh = NULL;
         if (pam_start(argv[1], argv[2], &conv, &pamh) != PAM_SUCCESS) { fprintf(stderr, "pam_start failed\n"); return 1; }
-        if (argc > 4) pam_set_item(pamh, PAM_RHOST, argv[4]);
+        if (argc > 4 && argv[4][0]) pam_set_item(pamh, PAM_RHOST, argv[4]);
+        if (argc > 5) pam_set_item(pamh, PAM_TTY, argv[5]);
         double t0 = now_ms();
         rc = pam_authenticate(pamh, PAM_SILENT);
         double dt = now_ms() - t0;

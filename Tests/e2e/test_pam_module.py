@@ -1,5 +1,6 @@
 """The PAM module itself: exports, speed when the daemon is absent, remote sessions, and
-1000 transactions in one process."""
+1000 transactions in one process. The "boxkey-only" service is in the World's [pam] services,
+and pam_cycles gives the prompts the local tty1 unless a test says otherwise."""
 import os
 import re
 import subprocess
@@ -42,7 +43,7 @@ def test_daemon_down_is_unavailable_fast_and_1000_cycles_are_stable(world):
 def test_remote_sessions_are_not_offered_phone_login(world):
     world.start_box()
     stack(world, f"socket={world.socket} timeout=5")
-    r = cycles(world, 3, "203.0.113.9")
+    r = cycles(world, 3, "203.0.113.9", "tty1")  # a local tty, but a remote host
     assert r["rc"] == 9 and r["max_ms"] < 50
     assert "login prompt waiting" not in world.box_output()
 
@@ -50,7 +51,7 @@ def test_remote_sessions_are_not_offered_phone_login(world):
 def test_module_gives_up_at_its_timeout(world):
     world.start_box()
     stack(world, f"socket={world.socket} timeout=5")
-    r = cycles(world, 1)
+    r = cycles(world, 1, "", "tty1")
     assert r["rc"] == 9 and 4900 <= r["max_ms"] < 6500, r
 
 

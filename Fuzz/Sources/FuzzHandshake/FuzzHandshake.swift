@@ -2,6 +2,8 @@ import BoxkeyCore
 
 let box = try! KeyPair(privateKey: SecureBytes(copying: [UInt8](repeating: 0x11, count: 32)))
 let boxID = BoxID(4821)!
+/// A live code, so pairing envelopes reach the CPace and IKpsk2 paths too.
+let code = PairingCode("123456")!
 
 /// Input: a sequence of envelopes (each preceded by a 2-byte length) delivered to one box
 /// connection. Property: no crash, no request other than close for unauthenticated input, and
@@ -17,7 +19,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         let length = Int(bytes[offset]) << 8 | Int(bytes[offset + 1])
         offset += 2
         let end = min(offset + length, bytes.count)
-        let out = connection.receive(Array(bytes[offset..<end]), nonces: nonces, replayCache: &cache, now: .milliseconds(offset), admit: { _ in nil })
+        let out = connection.receive(Array(bytes[offset..<end]), nonces: nonces, replayCache: &cache, now: .milliseconds(offset), pairingCode: code, admit: { _, _ in nil })
         offset = end
         if case .login = out.request { preconditionFailure("unauthenticated input produced a login") }
         if case .action = out.request { preconditionFailure("unauthenticated input produced an action") }

@@ -1,0 +1,279 @@
+"""Trust at the box: which prompt a push may reach, which phone may push, which session a login
+may claim, and what the phone gets credit for. Each test is an attack that Boxkey let through
+before the trust model."""
+import os
+import re
+import time
+
+from conftest import FINGERPRINT, PAM_MATRIX, PASSWORD, PASSWORDS, USERS, wait_for
+
+
+# --- which prompt receives a push ------------------------------------------------------------
+
+def test_sudo_prompt_does_not_take_the_lockers_push(world):
+    world.start_box()
+    world.pair_and_store()
+    locker = world.greeter()  # alice's login prompt on tty1 waits for her phone
+    # Later, something runs sudo: its stack has the module too, but sudo is not a phone-login service.
+    sudo = world.greeter(service="sudo", tty="/dev/pts/3", stdin=None, wait=False)
+    wait_for(lambda: "Password:" in sudo.text(), what="sudo's own password prompt")
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Logged in to box 4821 as alice: boxkey-test on tty1" in r.stdout
+    assert world.finish(locker)[0] == 0
+    code, out = world.finish(sudo)  # nothing typed: sudo fails, and it never saw the push
+    assert code != 0
+    assert "Box 4821" not in out and "Pairing code" not in out
+
+
+def test_two_waiting_prompts_refuse_the_push(world):
+    world.module_options = "timeout=15 answer_prompt"
+    world.start_box()
+    world.pair_and_store()
+    first, second = world.greeter(tty="tty1"), world.greeter(tty="tty2")
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 8 and "more than one" in r.stderr, r.stdout + r.stderr
+    assert world.finish(first)[0] != 0 and world.finish(second)[0] != 0
+
+
+def test_localhost_prompt_needs_a_local_logind_session(world):
+    world.start_box()
+    world.pair_and_store()
+    # PAM_RHOST=localhost and no logind session for the prompt's process: remote, not offered.
+    prompt = world.greeter(rhost="localhost", stdin=None, wait=False)
+    wait_for(lambda: "Password:" in prompt.text(), what="the password prompt")
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 8 and "not at a login prompt" in r.stderr, r.stdout + r.stderr
+    prompt.type(PASSWORD + "\n")
+    code, out = world.finish(prompt)
+    assert code == 0 and "Box 4821" not in out
+    # The same prompt inside alice's local session (Remote=false, seat0) is offered.
+    prompt = world.greeter(rhost="localhost", logind_session="42")
+    assert world.phone("login", "--no-stay").returncode == 0
+    assert world.finish(prompt)[0] == 0
+
+
+# --- which phone may push --------------------------------------------------------------------
+
+def test_unenrolled_phones_are_refused_and_do_not_lock_out_alice(world):
+    world.module_options = "timeout=120 answer_prompt"
+    world.start_box()
+    world.pair_and_store()
+    strangers = [f"stranger{i}" for i in range(20)]
+    for who in strangers:
+        world.pair_by_key(who)
+    prompt = world.greeter()
+    r = world.phone("login", "--no-stay", who=strangers[0])
+    assert r.returncode == 9 and "not enrolled" in r.stderr, r.stdout + r.stderr
+    # All of them at once, ten at a time (some may find the box busy): none gets through.
+    for wave in (strangers[:10], strangers[10:]):
+        phones = [world.phone_background("login", "--no-stay", who=who) for who in wave]
+        for p in phones:
+            assert p.wait(60) not in (0, 2), open(p.log).read()
+    assert "not enrolled" in "".join(open(p.log).read() for p in world.processes if hasattr(p, "log"))
+    assert prompt.poll() is None, prompt.text()  # nothing reached the prompt
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert world.finish(prompt)[0] == 0
+
+
+def test_wrong_pairing_code_fails_and_uses_one_of_three_tries(world):
+    world.start_box()
+    code = world.pairing_code()
+    wrong = f"{(int(code) + 1) % 1_000_000:06d}"
+    r = world.pair(wrong)
+    assert r.returncode == 10 and "pairing failed" in r.stderr, r.stdout + r.stderr
+    assert world.pair(code).returncode == 0  # two tries were left
+    r = world.pair(code, who="mallory")  # single use
+    assert r.returncode == 9 and "no pairing code" in r.stderr, r.stdout + r.stderr
+    code = world.pairing_code()
+    wrong = f"{(int(code) + 1) % 1_000_000:06d}"
+    for _ in range(3):
+        assert world.pair(wrong, who="bob").returncode == 10
+    r = world.pair(code, who="bob")  # the three tries are spent: the code is gone
+    assert r.returncode == 9 and "no pairing code" in r.stderr, r.stdout + r.stderr
+
+
+def test_phone_enrolled_for_alice_cannot_push_for_bob(world):
+    world.module_options = "timeout=5 answer_prompt"
+    world.start_box()
+    world.pair_and_store()
+    # The phone even holds bob's right password; the prompt is bob's.
+    assert world.phone("credentials", "set", "--user", "bob", stdin=PASSWORDS["bob"] + "\n").returncode == 0
+    prompt = world.greeter(user="bob")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(prompt)
+    assert r.returncode in (8, 9), r.stdout + r.stderr
+    assert code != 0 and "successfully authenticated" not in out
+    assert "refused" in world.box_output()
+
+
+def test_pairing_code_at_the_prompt_enrols_on_first_login(world):
+    world.module_options = "timeout=60 answer_prompt"
+    world.start_box()
+    prompt = world.greeter()
+    r = world.pair(world.prompt_pairing_code(prompt))
+    assert r.returncode == 0 and "Paired with box 4821" in r.stdout, r.stdout + r.stderr
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 0, r.stdout + r.stderr
+    code, out = world.finish(prompt)
+    assert code == 0 and "New phone? Pairing code" in out
+    assert re.search(FINGERPRINT + "  alice", world.admin("phones", "list").stdout)
+
+
+# --- which session a login may claim ---------------------------------------------------------
+
+def test_foreign_session_id_is_not_taken(world):
+    world.start_box()
+    world.pair_and_store(user="mallory", who="mallory")
+    # Mallory logs in on tty2 with alice's session ID: first in her process environment (what
+    # pam_boxkey used to read), then in the PAM environment (logind says session 42 is alice's).
+    for pam_session, env in ((None, {"XDG_SESSION_ID": "42"}), ("42", {})):
+        prompt = world.greeter("authenticate", "open_session", user="mallory", tty="tty2", session=pam_session, env=env)
+        r = world.phone("login", "--no-stay", who="mallory")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert world.finish(prompt)[0] == 0
+        world.phone("logout", "--yes", who="mallory")
+        world.phone("lock", who="mallory")
+        time.sleep(1)
+        calls = world.logind.calls()
+        assert 'TerminateSession "42"' not in calls and 'LockSession "42"' not in calls
+    assert "refused" in world.box_output()
+
+
+def test_ssh_session_does_not_replace_the_console_session(world):
+    world.logind.add_session("s1", USERS["alice"], "alice", remote=True, service="sshd")
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter("authenticate", "open_session")  # console session 42
+    phone = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    assert world.finish(prompt)[0] == 0
+    # alice also logs in over ssh with her password, and logs out again.
+    ssh = world.greeter("authenticate", "open_session", "close_session", service="sshd", tty="ssh",
+                        rhost="203.0.113.9", session="s1", stdin=PASSWORD + "\n", wait=False)
+    code, out = world.finish(ssh)
+    assert code == 0 and "Box 4821" not in out, out
+    world.phone("sim", "move", "45", "--over", "1")
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="LockSession of the console session")
+    assert 'LockSession "s1"' not in world.logind.calls()
+    phone.terminate()
+    phone.wait(10)
+
+
+def test_walk_away_without_a_session_locks_all_local_sessions(world):
+    world.logind.add_session("43", USERS["alice"], "alice", tty="tty2")
+    world.logind.add_session("s1", USERS["alice"], "alice", remote=True)
+    world.logind.add_session("m1", USERS["mallory"], "mallory", tty="tty3")
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter()  # authenticate only: no session on record
+    phone = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    assert world.finish(prompt)[0] == 0
+    world.phone("sim", "move", "45", "--over", "1")
+    wait_for(lambda: all(f'LockSession "{s}"' in world.logind.calls() for s in ("42", "43")), timeout=15,
+             what="alice's local sessions locked")
+    calls = world.logind.calls()
+    assert 'LockSession "s1"' not in calls and 'LockSession "m1"' not in calls
+    assert "walk-away lock" in world.box_output()
+    phone.terminate()
+    phone.wait(10)
+
+
+# --- credit only for what the phone did ------------------------------------------------------
+
+def test_keyboard_password_gives_the_phone_no_credit(world):
+    world.start_box()
+    world.pair_and_store(password="wrong horse", enrol=False)
+    # The pushed (wrong) password goes to the first pam_matrix; the second asks the keyboard.
+    prompt = world.greeter(stdin=PASSWORD + "\n",
+                           auth=[world.module_line(), world.matrix_line("sufficient"), world.matrix_line()])
+    r = world.phone("login", timeout=40)  # staying: a credited phone would keep a presence link
+    code, out = world.finish(prompt)
+    assert code == 0, out  # the human at the keyboard logged in
+    assert r.returncode == 2 and "not the one this phone pushed" in r.stderr, r.stdout + r.stderr
+    assert "login completed without the phone's password" in world.box_output()
+    assert not re.search(FINGERPRINT + "  alice", world.admin("phones", "list").stdout)
+
+
+# --- presence --------------------------------------------------------------------------------
+
+def test_missed_keepalives_walk_away(world):
+    world.settings["presence"]["keepalive_timeout_s"] = 3
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter("authenticate", "open_session")
+    phone = world.phone_background("login", "--keepalive", "100")  # in range, but silent
+    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    assert world.finish(prompt)[0] == 0
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
+    assert "walk-away lock" in world.box_output()
+    phone.terminate()
+    phone.wait(10)
+
+
+# --- smaller ---------------------------------------------------------------------------------
+
+def test_huge_module_timeout_is_clamped(world):
+    world.module_options = "timeout=999999999 answer_prompt"
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter()
+    assert world.phone("login", "--no-stay").returncode == 0
+    code, out = world.finish(prompt)
+    assert code == 0, out
+
+
+def test_phone_text_is_escaped_in_the_box_log(world):
+    world.module_options = "timeout=5 answer_prompt"
+    world.start_box()
+    world.pair_and_store()
+    assert world.phone("credentials", "set", "--user", "ali\u2028ce\u202egpj.exe", stdin=PASSWORD + "\n").returncode == 0
+    prompt = world.greeter()
+    world.phone("login", "--no-stay")
+    world.finish(prompt)
+    log = world.box_output()
+    assert "\u2028" not in log and "\u202e" not in log
+    assert "\\u{2028}" in log and re.search(r"\\u\{202e\}", log, re.I)
+
+
+def test_box_memory_holds_no_password_after_login(world):
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter()
+    assert world.phone("login", "--no-stay").returncode == 0
+    assert world.finish(prompt)[0] == 0
+    time.sleep(2)
+    assert world.box_memory_count(PASSWORD.encode()) == 0
+
+
+# --- screen lockers that run as the user -------------------------------------------------------
+
+def test_user_run_locker_unlocks_through_logind(world):
+    """swaylock, i3lock, xscreensaver run as the user and cannot reach the root-only socket: with
+    [unlock] logind_unlock, the box verifies the push through its own PAM service (here
+    pam_matrix through pam_wrapper) and unlocks the one locked local session through logind."""
+    world.logind.add_session("43", USERS["alice"], "alice", tty="tty2", locked=True)
+    unlock_dir = os.path.join(world.work, "unlock.d")
+    os.makedirs(unlock_dir)
+    with open(os.path.join(world.work, "unlock.passdb"), "w") as f:
+        f.write(f"alice:{PASSWORD}:boxkey-unlock\n")
+    with open(os.path.join(unlock_dir, "boxkey-unlock"), "w") as f:
+        f.write(f"auth required {PAM_MATRIX} passdb={world.work}/unlock.passdb\n"
+                f"account required {PAM_MATRIX} passdb={world.work}/unlock.passdb\n")
+    world.settings["unlock"] = {"logind_unlock": True}
+    world.box_env = dict(world.box_env, PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=unlock_dir,
+                         LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so")
+    world.start_box()
+    world.pair_and_store()
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "session 43 (seat0 tty2) unlocked through logind" in r.stdout
+    assert 'UnlockSession "43"' in world.logind.calls()
+    # A wrong password unlocks nothing, and the phone is told.
+    assert world.phone("credentials", "set", "--user", "alice", stdin="wrong horse\n").returncode == 0
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert world.logind.calls().count("UnlockSession") == 1
