@@ -75,7 +75,9 @@ public struct RadioService: Service, CustomStringConvertible {
             let seen = box.doorbell.version
             let due = await box.tick()
             for id in due {
-                if let rssi = try? await peripheral.rssi(of: id) { await box.rssiSample(id, rssi, now: clock.now) }
+                // A failed read is no sample (nil), and still moves the next sample on.
+                let rssi = try? await peripheral.rssi(of: id)
+                await box.rssiSample(id, rssi, now: clock.now)
             }
             let deadline = await box.nextDeadline().map { max($0, clock.now + .milliseconds(5)) }
             await box.doorbell.wait(since: seen, until: deadline, clock: clock)
