@@ -240,9 +240,20 @@ public final class DBusConnection: @unchecked Sendable {
 
     // MARK: The connection's thread
 
+    /// Once the thread has ended (closed, or the bus went away) nothing would run a queued
+    /// job and its caller would wait forever: the job runs here instead, and fails at once
+    /// (libdbus is thread-safe after `dbus_threads_init_default`).
     private func enqueue(_ job: @escaping @Sendable (OpaquePointer) -> Void) {
-        state.withLockedValue { $0.jobs.append(job) }
-        wake()
+        let ended = state.withLockedValue { s -> Bool in
+            if s.closed { return true }
+            s.jobs.append(job)
+            return false
+        }
+        guard ended else { return wake() }
+        job(connection)
+        // No thread will read a reply: whatever the job left waiting fails now.
+        let orphans = state.withLockedValue { s -> [Pending] in let p = Array(s.pending.values); s.pending = [:]; return p }
+        for p in orphans { p.continuation.resume(throwing: BusError(BusError.disconnectedName, "the bus connection closed")) }
     }
 
     private func wake() {

@@ -92,6 +92,7 @@ public actor Box {
     struct PhoneLink {
         var id: CentralID
         var mtu: Int
+        var connectedAt: Duration
         var reassembler = FrameReassembler()
         var connection: BoxConnection
         var subscribed = false
@@ -169,12 +170,22 @@ public actor Box {
                 outboxContinuation.yield(.disconnect(id))
                 return
             }
-            guard links.count < config.maxConnections else {
-                audit.warning("refused \(id.address) at connect: \(links.count) connections already")
-                outboxContinuation.yield(.disconnect(id))
-                return
+            if links.count >= config.maxConnections {
+                // Unauthenticated links are free to make: a full box drops the oldest of them
+                // rather than refusing everyone after it, so a few random addresses cycling
+                // connections cannot keep an enrolled phone out.
+                guard let victim = links.values.filter({ $0.connection.state == .awaitingHandshake })
+                        .min(by: { $0.connectedAt < $1.connectedAt }) else {
+                    audit.warning("refused \(id.address) at connect: \(links.count) authenticated connections already")
+                    outboxContinuation.yield(.disconnect(id))
+                    return
+                }
+                audit.notice("dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
+                links[victim.id] = nil
+                failedHandshakes.record(victim.id.address, now: now)
+                drop(victim.id)
             }
-            links[id] = PhoneLink(id: id, mtu: mtu, connection: BoxConnection(
+            links[id] = PhoneLink(id: id, mtu: mtu, connectedAt: now, connection: BoxConnection(
                 identity: identity.keyPair, boxID: identity.boxID, connectedAt: now,
                 handshakeTimeout: config.handshakeTimeout, commandTimeout: config.commandTimeout))
             logger.debug("connected \(id), MTU \(mtu)")
@@ -318,6 +329,15 @@ public actor Box {
     private func completePairing(on id: CentralID, now: Duration) {
         guard let link = links[id], let phone = link.connection.phoneKey, let code = link.pairingCode else { return }
         var outcome = ActionResult.Outcome.done
+        // One phone per code: a second phone that handshook under it before the first
+        // confirmed finds it used up.
+        guard enrolment.current(now: now)?.code == code.code else {
+            audit.notice("pairing refused: phone \(phone.fingerprint): the code was used up or expired before it confirmed")
+            guard var connection = links[id]?.connection else { return }
+            let output = connection.finishAction(ActionResult(action: .pair, outcome: .failed))
+            links[id]?.connection = connection
+            return perform(output, for: id, now: now)
+        }
         if let user = enrolment.paired(phone, code: code, now: now) {
             do {
                 try registry.enrol(phone, user: user, name: "", by: "pairing code (admin)")
@@ -339,7 +359,8 @@ public actor Box {
     /// Admin: a fresh code (`boxkeyd pair-code`), for a headless box or a pre-enrolment at
     /// the box; with a user, the phone that proves it is enrolled for that user at once.
     public func newPairingCode(user: String) -> PAMReply {
-        let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, now: clock.now)
+        if !user.isEmpty, uid(of: user) == nil { return .error("no such user: \(user)") }
+        let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, byAdmin: true, now: clock.now)
         audit.notice("pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")")
         return .text("Pairing code for box \(identity.boxID): \(live.code) (valid \(config.pairingCodeLifetime.components.seconds) s, \(live.triesLeft) tries)\(user.isEmpty ? "" : "; enrols the phone for \(user)")")
     }
@@ -391,7 +412,9 @@ public actor Box {
         case .prompt(let promptID):
             let ticket = registered.issueTicket(phone: phone, user: user, now: now)
             prompts[promptID]!.waiting = false
-            prompts[promptID]!.verifying = .init(link: id, phone: phone, user: user, name: push.deviceName, ticket: ticket)
+            let pendingPassword = enrolledFor.contains(user) ? nil : push.password
+            prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, user: user,
+                                                 name: push.deviceName, ticket: ticket)
             prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
             audit.info("login attempt: \(who) into \(logSafe(prompts[promptID]!.description))")
@@ -425,28 +448,28 @@ public actor Box {
             return finish(LoginResult(.ambiguousPrompt, reason: String("more than one locked session: \(locked.map(\.place).joined(separator: "; "))".prefix(LoginResult.maxReasonLength))))
         }
         let place = "session \(session.id) (\(session.place))"
-        audit.info("login attempt: \(who) into \(logSafe(config.unlockService)) to unlock \(logSafe(place)) through logind")
-        let verdict = await PAMVerifier(service: config.unlockService).verify(user: user, password: push.password)
+        audit.info("login attempt: \(who) into \(logSafe(config.verifyService)) to unlock \(logSafe(place)) through logind")
+        let verdict = await PAMVerifier(service: config.verifyService).verify(user: user, password: push.password)
         let now = clock.now
         guard verdict == .accepted else {
             rejectedByPhone.record(phone, now: now)
             rejectedByUser.record(user, now: now)
             let reason = if case .rejected(let r) = verdict { r } else { "" }
-            audit.notice("login rejected: \(who) via \(logSafe(config.unlockService)): \(logSafe(reason))")
+            audit.notice("login rejected: \(who) via \(logSafe(config.verifyService)): \(logSafe(reason))")
             return finish(LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))))
         }
         do { try await sessions.unlock(session: session.id) } catch {
             logger.error("logind did not unlock \(logSafe(place)): \(error)")
             return finish(LoginResult(.timedOut, reason: "the password was accepted, but logind did not unlock the session"))
         }
-        audit.info("login accepted: \(who) via \(logSafe(config.unlockService)); unlocked \(logSafe(place)) through logind")
+        audit.info("login accepted: \(who) via \(logSafe(config.verifyService)); unlocked \(logSafe(place)) through logind")
         if !registry.users(of: phone).contains(user) {
             try? registry.enrol(phone, user: user, name: push.deviceName, by: "pairing code")
             audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by its first login under a pairing code")
         }
         enrolment.settle(phone)
         try? registry.recordLogin(phone, name: push.deviceName)
-        registered.register(session, service: config.unlockService, phone: phone)
+        registered.register(session, service: config.verifyService, phone: phone)
         lockedUsers.remove(user)
         if links[id] != nil {
             presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
@@ -490,8 +513,8 @@ public actor Box {
         let code = enrolment.codeForPrompt(user: request.expectedUser.isEmpty ? nil : request.expectedUser, now: now)
         logger.info("login prompt waiting: \(logSafe(prompts[id]!.description))\(request.expectedUser.isEmpty ? "" : " for \(logSafe(request.expectedUser))")")
         wakeTimers()
-        let seconds = UInt32(max(0, (code.expires - now).components.seconds))
-        return (id, .prompt(boxID: identity.boxID.description, fingerprint: identity.fingerprint, pairingCode: code.code.text, codeSeconds: seconds))
+        let seconds = code.map { UInt32(max(0, ($0.expires - now).components.seconds)) } ?? 0
+        return (id, .prompt(boxID: identity.boxID.description, fingerprint: identity.fingerprint, pairingCode: code?.code.text ?? "", codeSeconds: seconds))
     }
 
     /// Waits for a push to prompt `id`, its timeout, or its cancellation.
@@ -522,23 +545,32 @@ public actor Box {
     }
 
     /// The module gave up, or its connection closed.
-    public func promptClosed(_ id: UInt64) {
+    public func promptClosed(_ id: UInt64) async {
         guard let prompt = prompts[id] else { return }
         if waiters[id] != nil { resolve(id, .noPush(.timedOut)); return }
         if prompt.verifying != nil {
             // The stack ended without a report (the application died): tell the phone no.
-            report(id, .rejected, reason: "the login was abandoned")
+            await report(id, .rejected, reason: "the login was abandoned")
         }
         prompts.remove(id)
     }
 
     /// The PAM stack's verdict on a push. Credit — "accepted", enrolment, a presence link —
     /// only when the password the stack verified is the one the phone pushed.
-    public func report(_ id: UInt64, _ verdict: PAMRequest.Verdict, reason: String) {
+    public func report(_ id: UInt64, _ verdict: PAMRequest.Verdict, reason: String) async {
         guard let prompt = prompts[id], let v = prompt.verifying else { return }
         prompts.remove(id)
-        let now = clock.now
         let who = "phone \(v.phone.fingerprint) (\(logSafe(v.name))) user \(logSafe(v.user)) via \(logSafe(prompt.description))"
+        var verdict = verdict
+        if verdict == .accepted, let password = v.pendingPassword {
+            // A pending phone is enrolled only once the box itself confirms its password.
+            let check = await PAMVerifier(service: config.verifyService).verify(user: v.user, password: password)
+            if case .rejected(let why) = check {
+                audit.notice("not enrolling: \(who): the box's own check (\(logSafe(config.verifyService))) did not confirm the pushed password: \(logSafe(why))")
+                verdict = .acceptedOther
+            }
+        }
+        let now = clock.now
         switch verdict {
         case .accepted:
             audit.info("login accepted: \(who)")
@@ -636,7 +668,18 @@ public actor Box {
                 }
                 endPresence(of: phone)
             case .attach:
-                if let user = users.first(where: { !lockedUsers.contains($0) && !registered.sessions(of: $0).isEmpty }) {
+                // Attach only restores walk-away protection; it unlocks nothing. A session on
+                // record, or (after a daemon restart forgot them) a local one logind lists.
+                var candidate = users.first { !lockedUsers.contains($0) && !registered.sessions(of: $0).isEmpty }
+                if candidate == nil {
+                    for user in users where !lockedUsers.contains(user) {
+                        guard let uid = uid(of: user), let live = try? await sessions.sessions(ofUID: uid),
+                              live.contains(where: { $0.isLocal && !$0.locked }) else { continue }
+                        candidate = user
+                        break
+                    }
+                }
+                if let user = candidate {
                     graces[phone] = nil
                     presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: clock.now)
                     audit.info("presence link back: phone \(phone.fingerprint) user \(logSafe(user))")
@@ -693,7 +736,24 @@ public actor Box {
             audit.notice("no session on record for \(users.map(logSafe).joined(separator: ", ")): locking all \(list.count) local session(s)")
         }
         guard !list.isEmpty else { return .noSession }
-        return await run(reason.hasPrefix("phone") ? "lock" : "walk-away lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
+        let outcome = await run(reason.hasPrefix("phone") ? "lock" : "walk-away lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
+        await confirmLocked(list)
+        return outcome
+    }
+
+    /// logind's LockSession only signals the session; a text console, or a desktop with no
+    /// locker following logind, stays open. Say so loudly instead of claiming a lock.
+    private func confirmLocked(_ list: [LoginSession]) async {
+        var open = list.map(\.id)
+        for _ in 0..<20 where !open.isEmpty {
+            try? await clock.sleep(for: .milliseconds(100))
+            var still: [String] = []
+            for id in open where (try? await sessions.session(id: id))??.locked != true { still.append(id) }
+            open = still
+        }
+        for id in open {
+            audit.error("session \(logSafe(id)) did not report itself locked 2 s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console or a desktop without a logind-aware locker; it may still be open")
+        }
     }
 
     private func startGrace(phone: PublicKey, user: String, reason: String, now: Duration) {
@@ -794,8 +854,8 @@ public actor Box {
         let formatter = ISO8601DateFormatter()
         if registry.phones.isEmpty { return "no phones are enrolled at this box" }
         return registry.phones.map { p in
-            let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.joined(separator: ",")
-            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : p.name)  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
+            let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.map(logSafe).joined(separator: ",")
+            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : logSafe(p.name))  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
         }.joined(separator: "\n")
     }
 

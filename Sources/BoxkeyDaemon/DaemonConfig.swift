@@ -52,12 +52,15 @@ public struct DaemonConfig: Sendable, Equatable {
     /// lockers. Never sudo, su, polkit-1, sshd or cron unless an admin adds them.
     public var phoneLoginServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
 
+    /// The box's own password-only PAM service (`/etc/pam.d/boxkey-verify`), run as root: it
+    /// confirms a pending phone's pushed password before enrolling it, and verifies pushes for
+    /// screen lockers that run as the user (`[unlock]`).
+    public var verifyService = "boxkey-verify"
     // [unlock]
     /// Screen lockers that run as the user cannot reach the root-only socket. With this on, a
-    /// push that finds no prompt but a locked local session of that user is verified through
-    /// `unlockService` (PAM, as root) and the session unlocked through logind.
+    /// push that finds no prompt but one locked local session of that user is verified through
+    /// `verifyService` and the session unlocked through logind.
     public var logindUnlock = false
-    public var unlockService = "boxkey-unlock"
 
     public static let defaultPhoneLoginServices: Set<String> = [
         "login", "gdm-password", "gdm-boxkey", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
@@ -91,12 +94,11 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         var reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock"])
-        if let t = try reader.section(table, "unlock", keys: ["logind_unlock", "pam_service"]) {
+        if let t = try reader.section(table, "unlock", keys: ["logind_unlock"]) {
             if let v = t["logind_unlock"] {
                 guard let b = v.bool else { throw Error("\(source): [unlock] logind_unlock must be true or false") }
                 c.logindUnlock = b
             }
-            c.unlockService = try reader.string(t, "unlock", "pam_service") ?? c.unlockService
         }
         if let t = try reader.section(table, "box", keys: ["id", "state_directory"]) {
             if let id = try reader.string(t, "box", "id") {
@@ -144,13 +146,14 @@ public struct DaemonConfig: Sendable, Equatable {
             c.rssiSamples = try reader.int(t, "presence", "rssi_samples", 1...100) ?? c.rssiSamples
             c.rssiInterval = try reader.milliseconds(t, "presence", "rssi_interval_ms", 100...60_000) ?? c.rssiInterval
             c.awayAfter = try reader.milliseconds(t, "presence", "away_after_s", 0...3_600_000, scale: 1000) ?? c.awayAfter
-            // At least two keepalive intervals, so one late keepalive is not a walk-away.
+            // More than one keepalive interval (2 s), so a single late keepalive is not a walk-away.
             c.keepaliveTimeout = try reader.seconds(t, "presence", "keepalive_timeout_s", 3...600) ?? c.keepaliveTimeout
             guard c.rssiReturnThreshold > c.rssiLockThreshold else {
                 throw Error("\(source): [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")
             }
         }
-        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "services"]) {
+        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "services", "verify_service"]) {
+            c.verifyService = try reader.string(t, "pam", "verify_service") ?? c.verifyService
             if let list = t["services"] {
                 guard let array = list.array, let names = Optional(array.compactMap(\.string)), names.count == array.count else {
                     throw Error("\(source): [pam] services must be a list of PAM service names")

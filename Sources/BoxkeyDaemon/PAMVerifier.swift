@@ -3,10 +3,10 @@ import CPAM
 import Foundation
 
 /// Verifies a pushed password through the box's own PAM service, as root, for screen lockers
-/// that run as the user (swaylock, i3lock, xscreensaver) and so cannot reach the root-only
-/// socket. The site's verifier still decides (the password reaches `pam_unix`, `pam_sss`, ...);
-/// the box then unlocks the session through logind's `UnlockSession`, which GNOME, KDE and
-/// xss-lock honour. Runs `pam_authenticate` and `pam_acct_mgmt` on a thread of its own: PAM
+/// that run as the user and so cannot reach the root-only socket. The site's verifier still
+/// decides (the password reaches `pam_unix`, `pam_sss`, ...); the box then unlocks the session
+/// through logind's `UnlockSession`, which GNOME's and KDE's lockers honour and xss-lock or
+/// swayidle pass on to the locker they started. A locker that ignores logind stays locked. Runs `pam_authenticate` and `pam_acct_mgmt` on a thread of its own: PAM
 /// blocks (a failed `pam_unix` waits about 2 s) and must not hold a concurrency thread.
 public struct PAMVerifier: Sendable {
     public let service: String

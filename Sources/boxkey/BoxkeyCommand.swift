@@ -220,7 +220,7 @@ struct Phone {
     /// so the wording is neutral and never advises forgetting keys.
     func refusalText(_ r: Refusal, box id: BoxID) -> String {
         switch r.code {
-        case .notEnrolled: "box \(id) says this phone is not enrolled there: pair at the box with the code it shows (boxkey pair \(id))"
+        case .notEnrolled: "box \(id) says this phone is not enrolled there: pair at the box with the code it shows (boxkey pair \(id)\(boxes.key(of: id) == nil ? "" : " --replace"))"
         case .noPairingCode: "box \(id) has no pairing code live: show one at its login prompt (or `boxkeyd pair-code`) and try again"
         case .handshakeFailed: "box \(id) refused the handshake (interference, or a box without the key you paired with); nothing was sent"
         case .phoneRevoked: "the box's administrator revoked this phone"
@@ -342,6 +342,9 @@ extension Boxkey {
             guard let boxID = BoxID(id) else { throw ValidationError("a box ID is four digits, like 4821") }
             if let boxKey {
                 guard let bytes = unhex(boxKey), let key = try? PublicKey(bytes) else { throw ValidationError("--box-key takes 64 hex digits") }
+                if let old = phone.boxes.key(of: boxID), old != key, !replace {
+                    fail(.failure, "box \(boxID) is pinned to another key (\(old.fingerprint)); use --replace for a reinstalled box")
+                }
                 do { try phone.boxes.pin(boxID, key: key, address: nil) } catch { fail(.failure, "\(error)") }
                 say("Pinned box \(boxID) (key \(key.fingerprint)).")
                 return
@@ -389,7 +392,7 @@ extension Boxkey {
             await link.close()
             do { try phone.boxes.pin(boxID, key: info.staticKey, address: heard.address) } catch { fail(.failure, "\(error)") }
             say("Paired with box \(boxID) (key \(info.staticKey.fingerprint), verified by the code).")
-            say("Log in within 5 minutes (boxkey login) to finish enrolment at the box.")
+            say("Unless an administrator's code enrolled it already, this phone's first login (boxkey login, within a few minutes) enrols it at the box.")
         }
     }
 

@@ -109,12 +109,14 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
         let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
-        guard case .push(let user, var password, let ticket) = reply else {
+        guard case .push(let user, let password, let ticket) = reply else {
             if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
             try? client.send(.cancel)
             return unavailable
         }
-        defer { for i in password.indices { password[i] = 0 } }
+        // Wipe the one buffer `reply` and `password` share, in place: a plain write would copy
+        // it first (copy on write) and wipe only the copy.
+        defer { password.withUnsafeBufferPointer { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } } }
         if !expected.isEmpty, expected != user {
             pamh.log(LOG_NOTICE, "refusing a push for another user: this prompt is for \(expected)")
             try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))

@@ -13,20 +13,20 @@ struct PolicyTests {
 
     @Test func aCodeLastsItsLifetimeAndItsTries() {
         var e = Enrolment(lifetime: .seconds(120), tries: 3, pendingWindow: .seconds(300))
-        let code = e.codeForPrompt(user: nil, now: .zero)
+        let code = e.codeForPrompt(user: nil, now: .zero)!
         #expect(e.codeForPrompt(user: "bob", now: .seconds(10)) == code)      // one live code per box
         e.attempted(now: .seconds(11)); e.attempted(now: .seconds(12))
         #expect(e.current(now: .seconds(13))?.triesLeft == 1)
         e.attempted(now: .seconds(14))
         #expect(e.current(now: .seconds(15)) == nil)                            // out of tries
-        let next = e.codeForPrompt(user: nil, now: .seconds(16))
+        let next = e.codeForPrompt(user: nil, now: .seconds(16))!
         #expect(next.code != code.code || next.expires != code.expires)
         #expect(e.current(now: .seconds(16) + .seconds(120)) == nil)            // expired
     }
 
     @Test func provingTheCodeUsesItUpAndLeavesThePhonePendingForAWhile() {
         var e = Enrolment(lifetime: .seconds(120), tries: 3, pendingWindow: .seconds(300))
-        let code = e.codeForPrompt(user: "alice", now: .zero)
+        let code = e.codeForPrompt(user: "alice", now: .zero)!
         #expect(e.paired(phone, code: code, now: .seconds(5)) == nil)
         #expect(e.current(now: .seconds(6)) == nil)                             // single use
         #expect(e.pendingEnrolment(of: phone, now: .seconds(100))?.user == "alice")
@@ -34,9 +34,10 @@ struct PolicyTests {
         #expect(e.pendingEnrolment(of: phone, now: .seconds(306)) == nil)       // the window closed
     }
 
-    @Test func anAdminCodeForAUserEnrolsAtPairing() {
+    @Test func anAdminCodeForAUserEnrolsAtPairingAndIsNeverShownAtAPrompt() {
         var e = Enrolment()
-        let code = e.mint(user: "alice", enrolsAtPairing: true, now: .zero)
+        let code = e.mint(user: "alice", enrolsAtPairing: true, byAdmin: true, now: .zero)
+        #expect(e.codeForPrompt(user: nil, now: .seconds(1)) == nil)
         #expect(e.paired(phone, code: code, now: .seconds(1)) == "alice")
         #expect(e.pendingEnrolment(of: phone, now: .seconds(2)) == nil)
     }

@@ -153,4 +153,24 @@ import Testing
         client.close()
         do { _ = try await call; Issue.record("answered") } catch let e as BusError { #expect(e.name == BusError.disconnectedName) }
     }
+
+    /// After the connection's thread ended (closed here; the bus dying does the same), a new
+    /// call fails at once. It used to be queued for a thread that was gone and never answered:
+    /// boxkeyd then hung at shutdown once dbus-daemon had gone away.
+    @Test func aCallAfterTheConnectionEndedFailsAtOnce() async throws {
+        let bus = try PrivateBus()
+        let client = try DBusConnection(bus.bus)
+        client.close()
+        let outcome = await withTaskGroup(of: String.self) { group in
+            group.addTask {
+                do { _ = try await client.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetId"); return "answered" }
+                catch let e as BusError { return e.name } catch { return "\(error)" }
+            }
+            group.addTask { try? await Task.sleep(for: .seconds(5)); return "hung" }
+            let first = await group.next()!
+            group.cancelAll()
+            return first
+        }
+        #expect(outcome == BusError.disconnectedName)
+    }
 }

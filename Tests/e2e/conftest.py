@@ -224,7 +224,17 @@ class World:
         # The box's users, for boxkeyd and for the PAM stacks.
         self.nss = {"LD_PRELOAD": "libnss_wrapper.so", "NSS_WRAPPER_PASSWD": os.path.join(work, "passwd"),
                     "NSS_WRAPPER_GROUP": os.path.join(work, "group")}
-        self.box_env = dict(self.env, **self.nss)
+        # The box's own password-only PAM service (boxkey-verify): it confirms a pending phone's
+        # first push and serves [unlock]. pam_matrix stands in for pam_unix, through pam_wrapper.
+        self.box_pam = os.path.join(work, "box.pam.d")
+        os.makedirs(self.box_pam)
+        with open(os.path.join(work, "verify.passdb"), "w") as f:
+            f.writelines(f"{user}:{password}:boxkey-verify\n" for user, password in PASSWORDS.items())
+        with open(os.path.join(self.box_pam, "boxkey-verify"), "w") as f:
+            f.write(f"auth required {PAM_MATRIX} passdb={work}/verify.passdb\n"
+                    f"account required {PAM_MATRIX} passdb={work}/verify.passdb\n")
+        self.box_env = dict(self.env, **dict(self.nss, LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so"),
+                            PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=self.box_pam)
 
     # --- box -------------------------------------------------------------------------------
     def config(self):

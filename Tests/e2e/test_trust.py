@@ -1,11 +1,10 @@
 """Trust at the box: which prompt a push may reach, which phone may push, which session a login
 may claim, and what the phone gets credit for. Each test is an attack that Boxkey let through
 before the trust model."""
-import os
 import re
 import time
 
-from conftest import FINGERPRINT, PAM_MATRIX, PASSWORD, PASSWORDS, USERS, wait_for
+from conftest import FINGERPRINT, PASSWORD, PASSWORDS, USERS, wait_for
 
 
 # --- which prompt receives a push ------------------------------------------------------------
@@ -253,19 +252,10 @@ def test_box_memory_holds_no_password_after_login(world):
 
 def test_user_run_locker_unlocks_through_logind(world):
     """swaylock, i3lock, xscreensaver run as the user and cannot reach the root-only socket: with
-    [unlock] logind_unlock, the box verifies the push through its own PAM service (here
+    [unlock] logind_unlock, the box verifies the push through its own PAM service (boxkey-verify:
     pam_matrix through pam_wrapper) and unlocks the one locked local session through logind."""
     world.logind.add_session("43", USERS["alice"], "alice", tty="tty2", locked=True)
-    unlock_dir = os.path.join(world.work, "unlock.d")
-    os.makedirs(unlock_dir)
-    with open(os.path.join(world.work, "unlock.passdb"), "w") as f:
-        f.write(f"alice:{PASSWORD}:boxkey-unlock\n")
-    with open(os.path.join(unlock_dir, "boxkey-unlock"), "w") as f:
-        f.write(f"auth required {PAM_MATRIX} passdb={world.work}/unlock.passdb\n"
-                f"account required {PAM_MATRIX} passdb={world.work}/unlock.passdb\n")
     world.settings["unlock"] = {"logind_unlock": True}
-    world.box_env = dict(world.box_env, PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=unlock_dir,
-                         LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so")
     world.start_box()
     world.pair_and_store()
     r = world.phone("login", "--no-stay")
@@ -277,3 +267,17 @@ def test_user_run_locker_unlocks_through_logind(world):
     r = world.phone("login", "--no-stay")
     assert r.returncode == 2, r.stdout + r.stderr
     assert world.logind.calls().count("UnlockSession") == 1
+
+
+def test_pending_phone_is_not_enrolled_by_a_factor_that_ignores_its_password(world):
+    """A pending phone pushes alice's name with a wrong password; a later module that needs no
+    password (pam_fprintd, U2F; here pam_permit) completes the stack. The box confirms the pushed
+    password through its own service before enrolling: the phone gets nothing."""
+    world.start_box()
+    world.pair_and_store(password="wrong horse", enrol=False)
+    prompt = world.greeter("authenticate", "open_session", auth=[world.module_line(), "auth sufficient pam_permit.so"])
+    r = world.phone("login", timeout=40)
+    assert world.finish(prompt)[0] == 0  # the stack succeeded (the fingerprint, say)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "did not confirm the pushed password" in world.box_output()
+    assert not re.search(FINGERPRINT + "  alice", world.admin("phones", "list").stdout)

@@ -16,6 +16,8 @@ public struct Enrolment: Sendable {
         public var user: String?
         /// An admin's code with a user enrols at pairing, without waiting for a login.
         public var enrolsAtPairing: Bool
+        /// Minted by `boxkeyd pair-code`: never shown at a prompt.
+        public var byAdmin = false
         public var expires: Duration
         public var triesLeft: Int
     }
@@ -43,17 +45,18 @@ public struct Enrolment: Sendable {
         return live
     }
 
-    /// The code a new prompt shows: the live one, or a fresh one for `user`.
-    public mutating func codeForPrompt(user: String?, now: Duration) -> LiveCode {
-        if let l = current(now: now) { return l }
+    /// The code a new prompt shows: the live one, or a fresh one for `user`. An admin's code
+    /// (`boxkeyd pair-code`) is for the admin's eyes: prompts show none while it is live.
+    public mutating func codeForPrompt(user: String?, now: Duration) -> LiveCode? {
+        if let l = current(now: now) { return l.byAdmin ? nil : l }
         return mint(user: user, enrolsAtPairing: false, now: now)
     }
 
     /// A fresh code, replacing any live one (an admin asked, or a prompt needed one).
     @discardableResult
-    public mutating func mint(user: String?, enrolsAtPairing: Bool, now: Duration) -> LiveCode {
+    public mutating func mint(user: String?, enrolsAtPairing: Bool, byAdmin: Bool = false, now: Duration) -> LiveCode {
         let l = LiveCode(code: .random(), user: user, enrolsAtPairing: enrolsAtPairing && user != nil,
-                         expires: now + lifetime, triesLeft: tries)
+                         byAdmin: byAdmin, expires: now + lifetime, triesLeft: tries)
         live = l
         return l
     }

@@ -26,6 +26,10 @@ public struct PromptTable: Sendable {
     public struct Verifying: Sendable {
         public var link: CentralID
         public var phone: PublicKey
+        /// A pending phone's push, kept (in secure memory) until the box has confirmed it
+        /// through its own password-only PAM service: the stack's success alone does not say
+        /// the pushed password was what it checked (a fingerprint or U2F module may follow).
+        public var pendingPassword: SecureBytes?
         public var user: String
         public var name: String
         public var ticket: String
