@@ -83,6 +83,7 @@ final class BoxUnderTest: @unchecked Sendable {
     let box: Box
     let sessions = TimedSessions()
     let service: RadioService
+    let presence: PresenceService
     let state: String
     let parameters: SimulationParameters
     private var task: Task<Void, Error>?
@@ -102,14 +103,23 @@ final class BoxUnderTest: @unchecked Sendable {
         logger.logLevel = .critical
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
                   clock: MonotonicClock(), logger: logger, radioDescription: "bench air")
-        service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
+        let peripheral = air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0)
+        presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
+        service = RadioService(box: box, peripheral: peripheral, config: config,
                                clock: MonotonicClock(), logger: logger)
     }
 
     func start() async throws {
         let service = service
+        let presence = presence
         _ = await box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: user, name: "bench")
-        task = Task { try await service.run() }
+        task = Task {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await service.run() }
+                group.addTask { try await presence.run() }
+                try await group.waitForAll()
+            }
+        }
         try await Task.sleep(for: .milliseconds(200))
     }
 

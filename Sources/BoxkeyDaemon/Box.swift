@@ -82,6 +82,8 @@ public actor Box {
 
     /// Wakes the timer loop when a new deadline appears.
     let doorbell = ChangeSignal()
+    /// Wakes the presence service when a presence link appears.
+    let presenceChanged = ChangeSignal()
     /// While the timer loop runs `tick`, new deadlines need no ring: the loop asks for the next
     /// deadline right after. (Ringing from inside a tick made the loop spin while a phone was
     /// connected.)
@@ -472,7 +474,7 @@ public actor Box {
         registered.register(session, service: config.verifyService, phone: phone)
         lockedUsers.remove(user)
         if links[id] != nil {
-            presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
+            presences[id] = startedPresence(phone: phone, user: user, settings: presenceSettings, now: now)
             graces[phone] = nil
         }
         finish(LoginResult(.accepted, reason: String("\(place) unlocked through logind".prefix(LoginResult.maxReasonLength))))
@@ -590,7 +592,7 @@ public actor Box {
             }
             lockedUsers.remove(v.user)
             if links[v.link] != nil {
-                presences[v.link] = PresenceMonitor(phone: v.phone, user: v.user, settings: presenceSettings, now: now)
+                presences[v.link] = startedPresence(phone: v.phone, user: v.user, settings: presenceSettings, now: now)
                 graces[v.phone] = nil
             }
             finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
@@ -681,7 +683,7 @@ public actor Box {
                 }
                 if let user = candidate {
                     graces[phone] = nil
-                    presences[id] = PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: clock.now)
+                    presences[id] = startedPresence(phone: phone, user: user, settings: presenceSettings, now: clock.now)
                     audit.info("presence link back: phone \(phone.fingerprint) user \(logSafe(user))")
                     outcome = .done
                 } else {
@@ -779,6 +781,13 @@ public actor Box {
         }
     }
 
+    /// A new presence link: the presence service starts reading its RSSI.
+    private func startedPresence(phone: PublicKey, user: String, settings: PresenceMonitor.Settings, now: Duration) -> PresenceMonitor {
+        presenceChanged.signal()
+        wakeTimers()
+        return PresenceMonitor(phone: phone, user: user, settings: settings, now: now)
+    }
+
     var presenceSettings: PresenceMonitor.Settings {
         .init(keepaliveTimeout: config.keepaliveTimeout, rssiInterval: config.rssiInterval, samples: config.rssiSamples,
               lockThreshold: config.rssiLockThreshold, returnThreshold: config.rssiReturnThreshold, awayAfter: config.awayAfter)
@@ -801,8 +810,8 @@ public actor Box {
 
     // MARK: - Time
 
-    /// Runs every timeout that is due; returns the links whose RSSI should be sampled now.
-    public func tick() async -> [CentralID] {
+    /// Runs every timeout that is due (handshakes, prompts, grace periods, keepalives).
+    public func tick() async {
         ticking = true
         ticks += 1
         defer { ticking = false }
@@ -832,8 +841,15 @@ public actor Box {
             await walkAway(phone: phone, user: grace.user, reason: grace.reason)
         }
         for id in Array(presences.keys) { await checkPresence(id, now: now) }
+    }
+
+    /// The presence links whose RSSI should be read now (`PresenceService`).
+    public func presenceReadsDue() -> [CentralID] {
+        let now = clock.now
         return presences.filter { $0.value.nextSample <= now }.map(\.key)
     }
+
+    public func nextPresenceRead() -> Duration? { presences.values.map(\.nextSample).min() }
 
     /// The earliest time anything needs attention, or nil when the box is idle.
     public func nextDeadline() -> Duration? {
@@ -844,7 +860,7 @@ public actor Box {
         }
         deadlines += prompts.prompts.values.map(\.deadline)
         deadlines += graces.values.map(\.deadline)
-        deadlines += presences.values.map(\.nextDeadline)
+        deadlines += presences.values.map(\.keepaliveDeadline)
         return deadlines.min()
     }
 

@@ -46,8 +46,9 @@ public enum Daemon {
         let readiness = Readiness(parts: 2, logger: logger)
         let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
+        let presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: radio), .init(service: bridge)],
+            services: [.init(service: radio), .init(service: presence), .init(service: bridge)],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         try await group.run()

@@ -5,6 +5,7 @@ import ServiceLifecycle
 
 /// Publishes the service and the advertisement, feeds radio events to the box, performs the
 /// box's radio actions in order, rotates the advertisement nonce and runs the timers.
+/// (Connected-link RSSI is `PresenceService`'s.)
 public struct RadioService: Service, CustomStringConvertible {
     public var description: String { "RadioService" }
     let box: Box
@@ -73,12 +74,7 @@ public struct RadioService: Service, CustomStringConvertible {
         while !Task.isCancelled {
             // A ring after this point (a new deadline) ends the wait below at once.
             let seen = box.doorbell.version
-            let due = await box.tick()
-            for id in due {
-                // A failed read is no sample (nil), and still moves the next sample on.
-                let rssi = try? await peripheral.rssi(of: id)
-                await box.rssiSample(id, rssi, now: clock.now)
-            }
+            await box.tick()
             let deadline = await box.nextDeadline().map { max($0, clock.now + .milliseconds(5)) }
             await box.doorbell.wait(since: seen, until: deadline, clock: clock)
         }

@@ -37,6 +37,7 @@ struct BoxHarness {
     let box: Box
     let sessions = RecordedSessions()
     let service: RadioService
+    let presence: PresenceService
     let state: String
 
     init(configure: (inout DaemonConfig) -> Void = { _ in }) throws {
@@ -50,7 +51,9 @@ struct BoxHarness {
         logger.logLevel = .critical
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
                   clock: MonotonicClock(), logger: logger, radioDescription: "test air", userID: testUsers)
-        service = RadioService(box: box, peripheral: air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0), config: config,
+        let peripheral = air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0)
+        presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
+        service = RadioService(box: box, peripheral: peripheral, config: config,
                                clock: MonotonicClock(), logger: logger)
     }
 
@@ -93,6 +96,7 @@ struct BoxHarness {
     func run(_ body: @Sendable @escaping () async throws -> Void) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await service.run() }
+            group.addTask { try await presence.run() }
             try await Task.sleep(for: .milliseconds(200))
             try await body()
             group.cancelAll()

@@ -122,7 +122,7 @@ struct PolicyTests {
         p.keepalive(now: .seconds(2))
         #expect(p.away(now: .seconds(7)) == nil)
         #expect(p.away(now: .seconds(8)) != nil)                                // 6 s since the last one
-        #expect(p.nextDeadline <= .seconds(8))
+        #expect(p.keepaliveDeadline == .seconds(8))
     }
 
     @Test func failedReadsAreNoSampleNeverSpinAndSustainedFailureIsAway() {

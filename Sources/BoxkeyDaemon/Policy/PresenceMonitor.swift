@@ -71,5 +71,6 @@ public struct PresenceMonitor: Sendable {
 
     public var mean: Double { readings.isEmpty ? 0 : Double(readings.reduce(0, +)) / Double(readings.count) }
 
-    public var nextDeadline: Duration { min(nextSample, lastKeepalive + settings.keepaliveTimeout) }
+    /// When a missing keepalive makes the phone gone (the timer loop's deadline).
+    public var keepaliveDeadline: Duration { lastKeepalive + settings.keepaliveTimeout }
 }
