@@ -114,34 +114,13 @@ public struct PhoneConnection {
             throw .refused(refusal)
         case (.awaitingHandshakeResponse, .pairingResponse(let share, let noise)):
             guard let pairing else { close(); throw .unexpected("pairing response to a login handshake") }
-            do {
-                let psk = try CPace.finish(pairing.party, peerShare: share, context: pairing.context,
-                                           initiatorShare: pairing.party.share, responderShare: share)
-                let (payload, channel) = try initiator.readMessage2(noise, psk: psk)
-                guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }
-                transport = channel
-                state = .ready
-                return .channelOpen
-            } catch let error as Error {
-                throw error
-            } catch {
-                close()
-                throw .pairingFailed
-            }
+            let psk = try? CPace.finish(pairing.party, peerShare: share, context: pairing.context,
+                                        initiatorShare: pairing.party.share, responderShare: share)
+            guard let psk else { close(); throw .pairingFailed }
+            return try openChannel(noise, psk: psk, failure: .pairingFailed)
         case (.awaitingHandshakeResponse, .handshakeResponse(let noise)):
             guard pairing == nil else { close(); throw .unexpected("login response to a pairing handshake") }
-            do {
-                let (payload, channel) = try initiator.readMessage2(noise)
-                guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }
-                transport = channel
-                state = .ready
-                return .channelOpen
-            } catch let error as Error {
-                throw error
-            } catch {
-                close()
-                throw .boxAuthenticationFailed
-            }
+            return try openChannel(noise, psk: nil, failure: .boxAuthenticationFailed)
         case (.idle, _), (.awaitingHandshakeResponse, _):
             close()
             throw .unexpected("expected handshake response")
@@ -173,6 +152,23 @@ public struct PhoneConnection {
         default:
             close()
             throw .unexpected("envelope not legal while \(state)")
+        }
+    }
+
+    /// Reads message 2 and opens the channel. A message 2 that does not decrypt is `failure`:
+    /// the box does not hold the pinned key, or (pairing) did not use this code.
+    private mutating func openChannel(_ noise: [UInt8], psk: SecureBytes?, failure: Error) throws(Error) -> Event {
+        do {
+            let (payload, channel) = try initiator.readMessage2(noise, psk: psk)
+            guard payload.count == 0 else { close(); throw Error.malformed("message 2 payload must be empty") }
+            transport = channel
+            state = .ready
+            return .channelOpen
+        } catch let error as Error {
+            throw error
+        } catch {
+            close()
+            throw failure
         }
     }
 
