@@ -89,6 +89,8 @@ final class BoxUnderTest: @unchecked Sendable {
     private var task: Task<Void, Error>?
     private var phones: UInt16 = 0
     private(set) var lastPhone: DeviceAddress?
+    /// The last push's ticket: `pam_sm_open_session` hands it back to bind the session.
+    private(set) var lastTicket = ""
 
     init(parameters: SimulationParameters, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
         self.parameters = parameters
@@ -144,7 +146,8 @@ final class BoxUnderTest: @unchecked Sendable {
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
         async let reply = box.awaitPush(prompt)
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
-        guard case .push = await reply else { throw BenchError("the push did not arrive") }
+        guard case .push(_, _, let ticket) = await reply else { throw BenchError("the push did not arrive") }
+        lastTicket = ticket
         await box.report(prompt, .accepted, reason: "")
         guard case .loginResult(let r) = try await link.next(timeout: .seconds(5)), r.outcome == .accepted else { throw BenchError("not accepted") }
         let stats = link.airStatistics ?? (0, 0, 0)
@@ -262,7 +265,7 @@ func walkAway() async throws {
         let bench = try BoxUnderTest(parameters: p)
         try await bench.start()
         let (_, link) = try await bench.login(keep: true)
-        await bench.box.openSession(user: user, sessionID: "42", service: "login", ticket: "")
+        await bench.box.openSession(user: user, sessionID: "42", service: "login", ticket: bench.lastTicket)
         try await Task.sleep(for: .milliseconds(300))
         let phone = bench.lastPhone!
         let gone = MonotonicClock().now
