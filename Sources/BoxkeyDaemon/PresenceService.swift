@@ -17,7 +17,8 @@ public struct PresenceService: Service, CustomStringConvertible {
     }
 
     public func run() async throws {
-        do { try await cancelWhenGracefulShutdown {
+        // Graceful shutdown cancels the loop; nothing in it throws.
+        await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 // A new presence link after this point ends the wait below at once.
                 let seen = box.presenceChanged.version
@@ -28,6 +29,6 @@ public struct PresenceService: Service, CustomStringConvertible {
                 let next = await box.nextPresenceRead().map { max($0, clock.now + .milliseconds(5)) }
                 await box.presenceChanged.wait(since: seen, until: next, clock: clock)
             }
-        } } catch is CancellationError {}
+        }
     }
 }
