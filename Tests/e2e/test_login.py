@@ -123,7 +123,7 @@ def test_walk_away_locks_through_logind(world):
     assert world.finish(greeter)[0] == 0
     world.phone("sim", "move", "45", "--over", "1")
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="LockSession")
-    assert "walk-away lock" in world.box_output()
+    wait_for(lambda: "walk-away lock" in world.box_output(), what="the box logging its walk-away lock")
     phone.terminate()
     phone.wait(10)
 

@@ -176,7 +176,7 @@ def test_walk_away_without_a_session_locks_all_local_sessions(world):
              what="alice's local sessions locked")
     calls = world.logind.calls()
     assert 'LockSession "s1"' not in calls and 'LockSession "m1"' not in calls
-    assert "walk-away lock" in world.box_output()
+    wait_for(lambda: "walk-away lock" in world.box_output(), what="the box logging its walk-away lock")
     phone.terminate()
     phone.wait(10)
 
@@ -208,7 +208,7 @@ def test_missed_keepalives_walk_away(world):
     wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
     assert world.finish(prompt)[0] == 0
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
-    assert "walk-away lock" in world.box_output()
+    wait_for(lambda: "walk-away lock" in world.box_output(), what="the box logging its walk-away lock")
     phone.terminate()
     phone.wait(10)
 
