@@ -41,10 +41,6 @@ public struct SessionRegistry: Sendable {
         entries[session.id] = Entry(session: session, service: service, phone: phone ?? entries[session.id]?.phone)
     }
 
-    public mutating func bind(_ sessionID: String, to phone: PublicKey) {
-        entries[sessionID]?.phone = phone
-    }
-
     public mutating func close(_ sessionID: String) { entries[sessionID] = nil }
 
     public func sessions(boundTo phone: PublicKey) -> [LoginSession] {
