@@ -454,8 +454,7 @@ public actor Box {
         let verdict = await PAMVerifier(service: config.verifyService).verify(user: user, password: push.password)
         let now = clock.now
         guard verdict == .accepted else {
-            rejectedByPhone.record(phone, now: now)
-            rejectedByUser.record(user, now: now)
+            recordRejection(phone, user: user, now: now)
             let reason = if case .rejected(let r) = verdict { r } else { "" }
             audit.notice("login rejected: \(who) via \(logSafe(config.verifyService)): \(logSafe(reason))")
             return finish(LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))))
@@ -465,20 +464,37 @@ public actor Box {
             return finish(LoginResult(.timedOut, reason: "the password was accepted, but logind did not unlock the session"))
         }
         audit.info("login accepted: \(who) via \(logSafe(config.verifyService)); unlocked \(logSafe(place)) through logind")
-        if !registry.users(of: phone).contains(user) {
-            try? registry.enrol(phone, user: user, name: push.deviceName, by: "pairing code")
-            audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by its first login under a pairing code")
-        }
-        enrolment.settle(phone)
-        try? registry.recordLogin(phone, name: push.deviceName)
-        registered.register(session, service: config.verifyService, phone: phone)
-        lockedUsers.remove(user)
-        if links[id] != nil {
-            presences[id] = startedPresence(phone: phone, user: user, settings: presenceSettings, now: now)
-            graces[phone] = nil
-        }
+        credit(phone, user: user, name: push.deviceName, on: id, session: session, service: config.verifyService, now: now)
         finish(LoginResult(.accepted, reason: String("\(place) unlocked through logind".prefix(LoginResult.maxReasonLength))))
         readvertise()
+    }
+
+    /// What an accepted push earns, and only that: enrolment of a pending phone for this user,
+    /// the login on record, the session it unlocked bound to the phone, and its presence link.
+    private func credit(_ phone: PublicKey, user: String, name: String, on link: CentralID, session: LoginSession?,
+                        service: String, now: Duration) {
+        if !registry.users(of: phone).contains(user) {
+            do {
+                try registry.enrol(phone, user: user, name: name, by: "pairing code")
+                audit.notice("enrolled: phone \(phone.fingerprint) (\(logSafe(name))) for user \(logSafe(user)) by its first login under a pairing code")
+            } catch {
+                logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
+            }
+        }
+        enrolment.settle(phone)
+        try? registry.recordLogin(phone, name: name)
+        if let session { registered.register(session, service: service, phone: phone) }
+        lockedUsers.remove(user)
+        if links[link] != nil {
+            presences[link] = startedPresence(phone: phone, user: user, now: now)
+            graces[phone] = nil
+        }
+    }
+
+    /// A push the stack did not accept from this phone counts against the phone and the user.
+    private func recordRejection(_ phone: PublicKey, user: String, now: Duration) {
+        rejectedByPhone.record(phone, now: now)
+        rejectedByUser.record(user, now: now)
     }
 
     private func finishLogin(on id: CentralID, _ result: LoginResult, now: Duration) {
@@ -576,37 +592,19 @@ public actor Box {
         switch verdict {
         case .accepted:
             audit.info("login accepted: \(who)")
-            if !registry.users(of: v.phone).contains(v.user) {
-                do {
-                    try registry.enrol(v.phone, user: v.user, name: v.name, by: "pairing code")
-                    audit.notice("enrolled: phone \(v.phone.fingerprint) (\(logSafe(v.name))) for user \(logSafe(v.user)) by its first login under a pairing code")
-                } catch {
-                    logger.error("cannot enrol phone \(v.phone.fingerprint): \(error)")
-                }
-            }
-            enrolment.settle(v.phone)
-            try? registry.recordLogin(v.phone, name: v.name)
             // A locker in the user's own session: that session is the one this push unlocked.
-            if let owner = prompt.owner, owner.sessionClass != "greeter", owner.user == v.user {
-                registered.register(owner, service: prompt.request.service, phone: v.phone)
-            }
-            lockedUsers.remove(v.user)
-            if links[v.link] != nil {
-                presences[v.link] = startedPresence(phone: v.phone, user: v.user, settings: presenceSettings, now: now)
-                graces[v.phone] = nil
-            }
+            let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
+            credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: prompt.request.service, now: now)
             finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
             readvertise()
         case .acceptedOther:
             audit.notice("login completed without the phone's password: \(who); the phone gets no credit")
             _ = registered.redeem(v.ticket, user: v.user, now: now)
-            rejectedByPhone.record(v.phone, now: now)
-            rejectedByUser.record(v.user, now: now)
+            recordRejection(v.phone, user: v.user, now: now)
             finishLogin(on: v.link, LoginResult(.rejected, reason: "the box logged in with a password typed at the keyboard, not the one this phone pushed"), now: now)
         case .rejected:
             _ = registered.redeem(v.ticket, user: v.user, now: now)
-            rejectedByPhone.record(v.phone, now: now)
-            rejectedByUser.record(v.user, now: now)
+            recordRejection(v.phone, user: v.user, now: now)
             audit.notice("login rejected: \(who): \(logSafe(reason))")
             finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
         }
@@ -683,7 +681,7 @@ public actor Box {
                 }
                 if let user = candidate {
                     graces[phone] = nil
-                    presences[id] = startedPresence(phone: phone, user: user, settings: presenceSettings, now: clock.now)
+                    presences[id] = startedPresence(phone: phone, user: user, now: clock.now)
                     audit.info("presence link back: phone \(phone.fingerprint) user \(logSafe(user))")
                     outcome = .done
                 } else {
@@ -782,10 +780,10 @@ public actor Box {
     }
 
     /// A new presence link: the presence service starts reading its RSSI.
-    private func startedPresence(phone: PublicKey, user: String, settings: PresenceMonitor.Settings, now: Duration) -> PresenceMonitor {
+    private func startedPresence(phone: PublicKey, user: String, now: Duration) -> PresenceMonitor {
         presenceChanged.signal()
         wakeTimers()
-        return PresenceMonitor(phone: phone, user: user, settings: settings, now: now)
+        return PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
     }
 
     var presenceSettings: PresenceMonitor.Settings {
@@ -933,12 +931,10 @@ public actor Box {
 /// it says of itself, except for the terminal of a process logind has no session for (a
 /// display manager's worker or getty's `login`, both root, before their session exists).
 enum Locality {
-    static let loopbackHosts: Set<String> = ["localhost", "localhost.localdomain", "127.0.0.1", "::1"]
-
     static func refusal(_ r: PAMRequest.WaitRequest, owner: LoginSession?) -> String? {
         if let owner {
             guard owner.isLocal else { return "the asking process is in \(owner.remote ? "a remote session" : "a session on no seat")" }
-            if !r.remoteHost.isEmpty, !loopbackHosts.contains(r.remoteHost) { return "remote login from \(r.remoteHost)" }
+            if !r.remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(r.remoteHost) { return "remote login from \(r.remoteHost)" }
             if owner.sessionClass != "greeter", !r.expectedUser.isEmpty, owner.user != r.expectedUser {
                 return "a prompt for \(r.expectedUser) inside \(owner.user)'s session"
             }

@@ -9,6 +9,9 @@ public enum PAMWire {
     public static let maxFrameLength = 2048
     /// Where boxkeyd listens and pam_boxkey connects by default.
     public static let defaultSocketPath = "/run/boxkey/pam.sock"
+    /// PAM_RHOST values that name this machine: the module passes them to the daemon, which
+    /// accepts them only when logind says the session is local; any other host is remote.
+    public static let loopbackHosts: Set<String> = ["localhost", "localhost.localdomain", "127.0.0.1", "::1"]
 
     public enum DecodeError: Error, Equatable, Sendable {
         case truncated

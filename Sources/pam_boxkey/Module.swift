@@ -75,7 +75,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     // A phone near the box cannot vouch for someone logging in over the network. A loopback
     // host goes to the daemon, which accepts it only when logind says the session is local.
     let remoteHost = pamh.item(PAM_RHOST) ?? ""
-    if !remoteHost.isEmpty, !["localhost", "localhost.localdomain", "127.0.0.1", "::1"].contains(remoteHost) {
+    if !remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(remoteHost) {
         if options.debug { pamh.log(LOG_DEBUG, "remote session from \(remoteHost): not offering phone login") }
         return unavailable
     }
