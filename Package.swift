@@ -4,6 +4,10 @@ import PackageDescription
 // Layers, bottom to top (nothing points back up):
 //   C libraries (system-library targets)  ->  BoxkeyCore (pure: crypto, Noise, wire format, state machines)
 //   -> BoxkeyRadio (radio interface + simulated radio)  ->  executables and the PAM module.
+// Hooks only the tests use (the vault's test clock) exist in debug builds only: what
+// packages ship is a release build, which does not have them.
+let testHooks: [SwiftSetting] = [.define("BOXKEY_TEST_HOOKS", .when(configuration: .debug))]
+
 let package = Package(
     name: "Boxkey",
     platforms: [.macOS(.v15)],
@@ -63,6 +67,10 @@ let package = Package(
             dependencies: ["CSodium"]
         ),
 
+        // What the box and the phone both need from this host: private files written
+        // durably, and the choice of radio (BlueZ or the simulated one).
+        .target(name: "BoxkeyHost", dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ"]),
+
         // The radio interface both transports implement (BlueZ, simulated).
         .target(name: "BoxkeyRadio", dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
 
@@ -83,7 +91,7 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             .product(name: "TOMLKit", package: "TOMLKit"),
@@ -97,16 +105,18 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
 
-        // The phone's parts: identity, pinned boxes, the vault, the link to a box.
+        // The phone's behaviour: identity, pinned boxes, the vault, finding a box, the link to
+        // it, the presence link, the agent. The `boxkey` CLI only parses and prints.
         .target(name: "BoxkeyPhone", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "CBoxkeySys",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-        ]),
+        ], swiftSettings: testHooks),
         .executableTarget(name: "boxkey", dependencies: [
-            "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyPhone", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-        ]),
+        ], swiftSettings: testHooks),
 
         // The benchmarks: scripts/bench [--short] (release build).
         .executableTarget(name: "boxkey-bench", dependencies: [

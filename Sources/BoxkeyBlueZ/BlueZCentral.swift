@@ -262,6 +262,12 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         _ = try await call(characteristic, "StartNotify", [])
     }
 
+    func unsubscribe(_ characteristic: String) async throws {
+        let p = try characteristicPath(characteristic)
+        _ = try await call(characteristic, "StopNotify", [])
+        state.withLockedValue { _ = $0.subscribed.removeValue(forKey: p) }
+    }
+
     func rssi() async throws -> Int {
         try BlueZ.readRSSI(adapter: central.adapter, peer: peer)
     }

@@ -1,4 +1,5 @@
 import BoxkeyCore
+import BoxkeyHost
 import Foundation
 
 /// The box's static key pair and four-digit ID, kept in `<state>/identity` (0600, in a 0700
@@ -19,7 +20,7 @@ public struct BoxIdentity: Sendable {
     /// Loads the identity, or creates it if the file does not exist. `configuredID` overrides
     /// the stored ID (an admin may renumber a box); `avoid` lists IDs heard nearby.
     public static func loadOrCreate(directory: String, configuredID: BoxID?, avoid: Set<BoxID> = []) throws -> BoxIdentity {
-        try ensurePrivateDirectory(directory)
+        try PrivateFiles.ensureDirectory(directory)
         let path = directory + "/identity"
         if FileManager.default.fileExists(atPath: path) {
             let identity = try load(path: path)
@@ -65,31 +66,9 @@ public struct BoxIdentity: Sendable {
     func save(path: String) throws {
         var body = [Self.header, "box-id \(boxID)", "private-key " + hex(keyPair.privateKey.unprotectedCopy)].joined(separator: "\n")
         body += "\ncheck " + checksum(body) + "\n"
-        try writePrivateFile(path: path, contents: Data(body.utf8))
+        try PrivateFiles.write(Data(body.utf8), to: path)
     }
 
     static func checksum(_ s: String) -> String { hex(Blake2b.hash(Array(s.utf8), outputLength: 8)) }
     func checksum(_ s: String) -> String { Self.checksum(s) }
-}
-
-/// Creates `path` as a 0700 directory, or checks an existing one is not group/world writable.
-func ensurePrivateDirectory(_ path: String) throws {
-    if !FileManager.default.fileExists(atPath: path) {
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-    }
-    chmod(path, 0o700)
-}
-
-/// Writes a 0600 file atomically (temporary file and rename), so a crash never leaves half a file.
-func writePrivateFile(path: String, contents: Data) throws {
-    let temporary = path + ".tmp-\(getpid())"
-    let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-    guard fd >= 0 else { throw BoxIdentity.Error(description: "cannot write \(temporary): \(String(cString: strerror(errno)))") }
-    let ok = contents.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) == $0.count }
-    fsync(fd)
-    close(fd)
-    guard ok, rename(temporary, path) == 0 else {
-        unlink(temporary)
-        throw BoxIdentity.Error(description: "cannot write \(path): \(String(cString: strerror(errno)))")
-    }
 }

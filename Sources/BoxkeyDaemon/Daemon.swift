@@ -1,5 +1,6 @@
 import BoxkeyBlueZ
 import BoxkeyCore
+import BoxkeyHost
 import CBoxkeySys
 import BoxkeyRadio
 import BoxkeySimRadio
@@ -102,25 +103,19 @@ public enum Daemon {
     }
 
     static func openRadio(_ config: DaemonConfig, logger: Logger) async throws -> BoxRadio {
-        let adapter = config.adapter.isEmpty ? nil : config.adapter
-        switch config.radio {
-        case .simulated:
-            return try simulatedRadio(config)
-        case .auto:
-            if await blueZAdapterPresent(named: adapter) { return try await blueZRadio(adapter, logger: logger) }
-            if let adapter { throw StartError(description: "no Bluetooth adapter \(adapter) (is bluetoothd running?); set [radio] backend = \"bluez\" to wait for it") }
-            return try simulatedRadio(config)
-        case .bluez:
-            return try await blueZRadio(adapter, logger: logger)
+        let choice: RadioChoice
+        do { choice = try await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) } catch {
+            throw StartError(description: "\(error); set [radio] backend = \"bluez\" to wait for it")
         }
-    }
-
-    static func simulatedRadio(_ config: DaemonConfig) throws -> BoxRadio {
-        let directory = config.simDirectory.isEmpty ? SocketAir.defaultDirectory : config.simDirectory
-        var parameters = SimulationParameters()
-        parameters.seed = UInt64(getpid())
-        do { return BoxRadio(air: try SocketAir(directory: directory, parameters: parameters), position: config.simPosition) } catch {
-            throw StartError(description: "the simulated radio is unavailable: \(error)")
+        switch choice {
+        case .simulated(let directory):
+            var parameters = SimulationParameters()
+            parameters.seed = UInt64(getpid())
+            do { return BoxRadio(air: try RadioChoice.openSimulatedAir(directory, parameters: parameters), position: config.simPosition) } catch {
+                throw StartError(description: "\(error)")
+            }
+        case .bluez(let adapter):
+            return try await blueZRadio(adapter, logger: logger)
         }
     }
 

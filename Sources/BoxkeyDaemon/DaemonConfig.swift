@@ -1,3 +1,4 @@
+import BoxkeyHost
 import BoxkeyCore
 import Foundation
 import TOMLKit
@@ -5,7 +6,7 @@ import TOMLKit
 /// `/etc/boxkey/boxkeyd.conf` (TOML). Every key is optional; docs/operations.md lists them
 /// with their defaults, which are the values below.
 public struct DaemonConfig: Sendable, Equatable {
-    public enum RadioBackend: String, Sendable { case auto, simulated, bluez }
+    public typealias RadioBackend = RadioChoice.Backend
     public enum Policy: String, Sendable { case lock, logout, none }
 
     // [box]

@@ -1,4 +1,5 @@
 import BoxkeyCore
+import BoxkeyHost
 import Foundation
 
 /// The phones enrolled at this box, each for the users it may push for: enrolled by a pairing
@@ -116,6 +117,6 @@ public struct PhoneRegistry: Sendable {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        try writePrivateFile(path: path, contents: try encoder.encode(phones))
+        try PrivateFiles.write(try encoder.encode(phones), to: path)
     }
 }

@@ -1,43 +1,9 @@
 import BoxkeyCore
 import BoxkeyRadio
-import Foundation
 
-/// A box heard on the air: its advertisement and where it is.
-public struct HeardBox: Sendable, Equatable {
-    public var address: DeviceAddress
-    public var advertisement: Advertisement
-    public var rssi: Int
-}
-
-extension ScanResult {
-    /// The Boxkey advertisement in this result, if it carries a valid one.
-    public var boxAdvertisement: Advertisement? {
-        advertisement.manufacturerData[BoxkeyProtocol.companyID].flatMap { try? Advertisement.decode($0) }
-    }
-}
-
-/// Finds a box by ID: scans (stopping as soon as it is heard) and, when the phone has pinned a
-/// key, prefers the advertiser whose key hint matches it (two boxes may share an ID).
-public func findBox(_ id: BoxID, pinned: PublicKey?, radio: any CentralRadio, timeout: Duration) async throws -> HeardBox? {
-    let results = radio.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID]))
-    return try await withThrowingTaskGroup(of: HeardBox?.self) { group in
-        group.addTask {
-            for try await result in results {
-                guard let advert = result.boxAdvertisement, advert.boxID == id else { continue }
-                if let pinned, advert.keyHint != pinned.advertisementHint { continue }
-                return HeardBox(address: result.address, advertisement: advert, rssi: result.rssi)
-            }
-            return nil
-        }
-        group.addTask { try await Task.sleep(for: timeout); return nil }
-        let first = try await group.next() ?? nil
-        group.cancelAll()
-        return first
-    }
-}
-
-/// One connection from the phone to a box: GATT plumbing, framing and the Noise channel.
-public final class BoxLink: @unchecked Sendable {
+/// One connection from the phone to a box: GATT plumbing, framing and the Noise channel. An
+/// actor: the session state and the reassembler change only on its executor.
+public actor BoxLink {
     public enum Failure: Error, CustomStringConvertible, Equatable {
         case radio(String)
         case refused(Refusal)
@@ -62,12 +28,14 @@ public final class BoxLink: @unchecked Sendable {
     }
 
     let link: any CentralLink
-    var connection: PhoneConnection
-    var reassembler = FrameReassembler()
-    let inbox = Inbox<LinkEvent>()
-    let reader: Task<Void, Never>
-    let clock = MonotonicClock()
-    let mtu: Int
+    private var connection: PhoneConnection
+    private var reassembler = FrameReassembler()
+    private let inbox = Inbox<LinkEvent>()
+    private let reader: Task<Void, Never>
+    private let clock = MonotonicClock()
+    private let mtu: Int
+    private var closed = false
+    public nonisolated var peer: DeviceAddress { link.peer }
 
     /// Connects, subscribes and runs the handshake: a login handshake to a pinned key, or with
     /// `pairingCode` a pairing handshake that proves the code and verifies `boxKey`.
@@ -85,11 +53,10 @@ public final class BoxLink: @unchecked Sendable {
                                                                       pairingCode: pairingCode),
                               mtu: await link.mtu)
         do {
-            let first = try session.connection.start()
-            try await session.write(first)
+            try await session.start()
             guard try await session.next(timeout: timeout) == .channelOpen else { throw Failure.protocolError("no channel") }
         } catch {
-            await link.disconnect()
+            await session.close()
             throw error
         }
         return session
@@ -110,6 +77,12 @@ public final class BoxLink: @unchecked Sendable {
     }
 
     deinit { reader.cancel() }
+
+    private func start() async throws {
+        let first: [UInt8]
+        do { first = try connection.start() } catch { throw Failure.protocolError("\(error)") }
+        try await write(first)
+    }
 
     /// Reads the box's Info characteristic (for pairing, before any key is pinned).
     public static func readInfo(of box: HeardBox, radio: any CentralRadio, timeout: Duration = .seconds(10)) async throws -> BoxInfo {
@@ -194,13 +167,17 @@ public final class BoxLink: @unchecked Sendable {
     /// On the simulated radio: the connection events this link used so far, from the
     /// connection's first event to the last one that carried data, and the ATT value bytes
     /// both ways. nil on other radios.
-    public var airStatistics: (events: Int, bytes: Int, packets: Int)? {
+    public nonisolated var airStatistics: (events: Int, bytes: Int, packets: Int)? {
         guard let simulated = link as? SimulatedLinkStatistics else { return nil }
         return simulated.statistics
     }
 
+    /// Ends the link: notifications off first, then the disconnect. Closing twice is a no-op.
     public func close() async {
+        guard !closed else { return }
+        closed = true
         connection.close()
+        try? await link.unsubscribe(BoxkeyProtocol.responseCharacteristicUUID)
         await link.disconnect()
     }
 }

@@ -1,4 +1,5 @@
 import BoxkeyCore
+import BoxkeyHost
 import Foundation
 
 /// The phone's credential vault: user and password sealed with XChaCha20-Poly1305 in
@@ -7,15 +8,56 @@ import Foundation
 /// - Key: with a PIN, Argon2id(PIN, salt) at `Argon2id.Parameters.vault` (256 MiB, 3 passes),
 ///   then keyed BLAKE2b with the device secret, so the vault file alone (a backup, a copy) is
 ///   useless without this device's `phone.key`. Without a PIN, the device secret alone.
-/// - Wrong PINs are counted in the file, under a MAC keyed by the device secret: an edited
-///   counter is reported as tampering, never silently accepted. Delays after wrong PINs follow
-///   iOS: 1 min at the 5th, 5 min at the 6th, 15 min at the 7th and 8th, 1 h at the 9th; the
-///   10th wipes the credentials.
+/// - Every PIN attempt is counted in the file — written and fsynced — *before* the key is
+///   derived, and a correct PIN resets the count. An attempt whose count cannot be written (a
+///   full disk, `RLIMIT_FSIZE=0`, a read-only home) gets no answer at all, and killing the
+///   process during the derivation leaves the attempt counted. The counter is under a MAC
+///   keyed by the device secret: an edited counter is reported as tampering, never silently
+///   accepted. Delays after wrong PINs follow iOS: 1 min at the 5th, 5 min at the 6th, 15 min
+///   at the 7th and 8th, 1 h at the 9th; the 10th wipes the credentials.
+/// - A PIN is at least `minimumPINLength` digits; an empty entry is no attempt.
 /// - Rolling the whole file back to an older copy cannot be detected without tamper-proof
 ///   storage; it still costs the attacker one Argon2id derivation per guess
-///   (docs/threat-model.md).
+///   (docs/threat-model.md). A vault that fails its checks is never opened; the recovery is
+///   `boxkey credentials clear --force`, which removes the file and reveals nothing.
 public struct Vault {
     public static let maxFailures = 10
+    public static let minimumPINLength = 6
+
+    /// Why `pin` cannot be a new PIN, or nil if it can.
+    public static func problem(withNewPIN pin: SecureBytes) -> String? {
+        let digitsOnly = pin.withUnsafeBytes { $0.allSatisfy { (0x30...0x39).contains($0) } }
+        guard digitsOnly, pin.count >= minimumPINLength else { return "a PIN is at least \(minimumPINLength) digits (0-9)" }
+        return nil
+    }
+
+    /// What the vault file holds, for `status`: it never throws, so a damaged vault can still
+    /// be looked at and cleared.
+    public enum State: Equatable, Sendable {
+        case empty
+        case stored(pin: Bool, failures: Int)
+        case wiped
+        case unusable(String)
+    }
+
+    public static func state(_ dirs: PhoneDirectories, identity: PhoneIdentity) -> State {
+        do {
+            let vault = try load(dirs, identity: identity)
+            if vault.isWiped { return .wiped }
+            return vault.hasCredentials ? .stored(pin: vault.hasPIN, failures: vault.failures) : .empty
+        } catch let f as Failure {
+            if case .tampered(let why) = f { return .unusable(why) }
+            return .unusable("\(f)")
+        } catch {
+            return .unusable("\(error)")
+        }
+    }
+
+    /// Removes the vault file whatever it holds (`credentials clear --force`): the way out of a
+    /// tampered or unreadable vault. Nothing in it is read.
+    public static func remove(_ dirs: PhoneDirectories) throws {
+        try PrivateFiles.remove(dirs.vault)
+    }
 
     public enum Failure: Error, Equatable, CustomStringConvertible {
         case noCredentials
@@ -24,6 +66,10 @@ public struct Vault {
         case lockedOut(until: Date, failures: Int)
         case wiped
         case tampered(String)
+        /// Nothing was entered: no attempt was made or counted.
+        case noPINEntered
+        /// The attempt could not be counted on disk, so the PIN was not tried.
+        case attemptNotRecorded(String)
 
         public var description: String {
             switch self {
@@ -32,7 +78,9 @@ public struct Vault {
             case .wrongPIN(let n): "wrong PIN; \(n) attempt\(n == 1 ? "" : "s") left before the credentials are wiped"
             case .lockedOut(let until, let f): "\(f) wrong PINs: try again after \(ISO8601DateFormatter().string(from: until))"
             case .wiped: "the credentials were wiped after \(Vault.maxFailures) wrong PINs: store them again with `boxkey credentials set`"
-            case .tampered(let why): "the vault file was modified outside boxkey (\(why)); refusing to use it"
+            case .tampered(let why): "the vault file was modified outside boxkey (\(why)); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)"
+            case .noPINEntered: "no PIN entered; nothing was tried"
+            case .attemptNotRecorded(let why): "could not record the PIN attempt (\(why)); the PIN was not tried"
             }
         }
     }
@@ -76,7 +124,7 @@ public struct Vault {
 
     public static func load(_ dirs: PhoneDirectories, identity: PhoneIdentity) throws -> Vault {
         try dirs.ensure()
-        let path = dirs.data + "/vault"
+        let path = dirs.vault
         var vault = Vault(file: File(), path: path, deviceSecret: identity.deviceSecret)
         guard FileManager.default.fileExists(atPath: path) else { return vault }
         guard let data = FileManager.default.contents(atPath: path) else { throw Failure.tampered("cannot read \(path)") }
@@ -93,20 +141,33 @@ public struct Vault {
         self.deviceSecret = deviceSecret
     }
 
-    /// The stored credentials. With a PIN, a wrong one is counted (durably) before this throws.
+    /// The stored credentials. With a PIN, the attempt is counted on disk first, then tried.
     public mutating func credentials(pin: SecureBytes?, now: Date) throws -> (user: String, password: SecureBytes) {
-        try checkAttemptAllowed(now: now)
+        try checkNotWiped()
         guard let nonce = file.nonce.flatMap(unhex), let ciphertext = file.ciphertext.flatMap(unhex) else { throw Failure.noCredentials }
+        if file.pin != nil {
+            guard let pin else { throw Failure.pinRequired }
+            guard pin.count > 0 else { throw Failure.noPINEntered }
+            try checkNoDelay(now: now)
+            try countAttempt(now: now)
+        }
         let key = try key(pin: pin)
         do {
             let plaintext = try XChaChaPoly.open(key: key, nonce: nonce, ad: associatedData(), ciphertext: ciphertext)
-            if file.failures > 0 { file.failures = 0; file.lastFailure = nil; try save() }
-            return try Self.decode(plaintext)
+            let credentials = try Self.decode(plaintext)
+            if file.failures > 0 {
+                file.failures = 0
+                file.lastFailure = nil
+                // The right PIN was given; if the reset cannot be written the count stays
+                // higher than it should, which errs on the safe side.
+                try? save()
+            }
+            return credentials
         } catch let f as Failure {
             throw f
         } catch {
             guard file.pin != nil else { throw Failure.tampered("the sealed credentials do not open") }
-            try recordFailure(now: now)
+            try wrongPIN()
         }
     }
 
@@ -138,26 +199,39 @@ public struct Vault {
 
     // MARK: - Internals
 
-    private func checkAttemptAllowed(now: Date) throws {
+    /// A vault at the limit is wiped now, even if the process that made the last attempt died
+    /// before it could wipe it.
+    private mutating func checkNotWiped() throws {
         if file.wiped { throw Failure.wiped }
+        if file.pin != nil, file.failures >= Self.maxFailures { try wipe() }
+    }
+
+    private func checkNoDelay(now: Date) throws {
         let wait = Self.delay(afterFailures: file.failures)
         if wait > 0, let last = file.lastFailure, now.timeIntervalSince1970 < last + wait {
             throw Failure.lockedOut(until: Date(timeIntervalSince1970: last + wait), failures: file.failures)
         }
     }
 
-    private mutating func recordFailure(now: Date) throws -> Never {
+    /// The attempt is on disk before the PIN is tried: no answer without the count.
+    private mutating func countAttempt(now: Date) throws {
         file.failures += 1
         file.lastFailure = now.timeIntervalSince1970
-        if file.failures >= Self.maxFailures {
-            file.nonce = nil
-            file.ciphertext = nil
-            file.wiped = true
-            try save()
-            throw Failure.wiped
-        }
-        try save()
+        do { try save() } catch { throw Failure.attemptNotRecorded("\(error)") }
+    }
+
+    /// The attempt was already counted; at the limit the credentials go.
+    private mutating func wrongPIN() throws -> Never {
+        if file.failures >= Self.maxFailures { try wipe() }
         throw Failure.wrongPIN(remaining: Self.maxFailures - file.failures)
+    }
+
+    private mutating func wipe() throws -> Never {
+        file.nonce = nil
+        file.ciphertext = nil
+        file.wiped = true
+        try save()
+        throw Failure.wiped
     }
 
     private func key(pin: SecureBytes?) throws -> SecureBytes {
@@ -191,7 +265,7 @@ public struct Vault {
         file.mac = mac(of: file)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        try writePrivate(path, try encoder.encode(file))
+        try PrivateFiles.write(try encoder.encode(file), to: path)
     }
 
     static func encode(user: String, password: SecureBytes) -> SecureBytes {
@@ -225,11 +299,12 @@ private func constantTimeEqualHex(_ a: String, _ b: String) -> Bool {
     return x.withUnsafeBytes { xa in y.withUnsafeBytes { ya in constantTimeEqual(xa, ya) } }
 }
 
-/// The time the vault's delays are measured in. `BOXKEY_TEST_NOW` (seconds since 1970) lets
-/// the end-to-end tests move through an hour of delays in a second; it weakens nothing,
-/// because the delays are a courtesy of this program — the Argon2id cost per guess is what an
-/// attacker with the file faces.
+/// The time the vault's delays are measured in. Debug builds (the tests) honour
+/// `BOXKEY_TEST_NOW` (seconds since 1970) to move through an hour of delays in a second; release
+/// builds, which are what ships, do not have it.
 public func vaultNow() -> Date {
+    #if BOXKEY_TEST_HOOKS
     if let s = ProcessInfo.processInfo.environment["BOXKEY_TEST_NOW"], let t = Double(s) { return Date(timeIntervalSince1970: t) }
+    #endif
     return Date()
 }

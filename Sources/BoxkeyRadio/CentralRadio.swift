@@ -36,6 +36,10 @@ public protocol CentralLink: Sendable {
     /// Enables notifications (writes the CCCD).
     func subscribe(_ characteristic: String) async throws
 
+    /// Disables notifications (writes the CCCD back to 0; BlueZ `StopNotify`): done before a
+    /// planned disconnect, so the peripheral stops sending before the link goes.
+    func unsubscribe(_ characteristic: String) async throws
+
     func rssi() async throws -> Int
 
     func disconnect() async

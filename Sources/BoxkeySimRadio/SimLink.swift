@@ -239,6 +239,10 @@ final class SimLink: Sendable {
         state.withLockedValue { _ = $0.subscriptions.insert(characteristic) }
     }
 
+    func unsubscribe(_ characteristic: String) {
+        state.withLockedValue { _ = $0.subscriptions.remove(characteristic) }
+    }
+
     func isSubscribed(_ characteristic: String) -> Bool {
         state.withLockedValue { $0.subscriptions.contains(characteristic) }
     }

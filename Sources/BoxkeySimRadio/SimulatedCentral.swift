@@ -174,6 +174,15 @@ public final class SimulatedLink: CentralLink {
         try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
     }
 
+    public func unsubscribe(_ characteristic: String) async throws {
+        let t = try begin()
+        let c = try characteristicOrThrow(characteristic)
+        guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(c.uuid)") }
+        link.unsubscribe(c.uuid)
+        let done = roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .unsubscribed(link.centralID, characteristic: c.uuid))
+        try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
+    }
+
     public func rssi() async throws -> Int {
         let t = try begin()
         guard let rssi = air.rssi(central, link.peripheral, at: t) else { throw RadioError.notConnected }

@@ -195,7 +195,9 @@ class World:
         self.outputs = []  # everything every process printed, for the no-password check
         self.env = dict(os.environ, BOXKEY_SIM_DIR=self.sim, BOXKEY_RADIO=RADIO, DBUS_SYSTEM_BUS_ADDRESS=logind.address,
                         XDG_CONFIG_HOME=os.path.join(work, "phone", "config"),
-                        XDG_DATA_HOME=os.path.join(work, "phone", "data"))
+                        XDG_DATA_HOME=os.path.join(work, "phone", "data"),
+                        XDG_STATE_HOME=os.path.join(work, "phone", "state"),
+                        XDG_RUNTIME_DIR=os.path.join(work, "phone", "run"))
         for name in ("XDG_SESSION_ID", "MOCK_LOGIND_SESSION", "LD_PRELOAD"):
             self.env.pop(name, None)
         if RADIO == "bluez":
@@ -301,7 +303,7 @@ class World:
             return dict(self.env)
         home = os.path.join(self.work, f"phone-{who}")
         return dict(self.env, XDG_CONFIG_HOME=os.path.join(home, "config"), XDG_DATA_HOME=os.path.join(home, "data"),
-                    XDG_STATE_HOME=os.path.join(home, "state"))
+                    XDG_STATE_HOME=os.path.join(home, "state"), XDG_RUNTIME_DIR=os.path.join(home, "run"))
 
     def phone(self, *args, stdin=None, timeout=60, extra_env=None, who="alice"):
         env = dict(self.phone_env(who), **(extra_env or {}))

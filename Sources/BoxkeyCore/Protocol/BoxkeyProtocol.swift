@@ -61,3 +61,9 @@ public struct BoxID: Hashable, Sendable, Comparable, CustomStringConvertible {
 
     public static func < (a: BoxID, b: BoxID) -> Bool { a.value < b.value }
 }
+
+/// The release of this source tree, as `boxkey --version` and `boxkeyd --version` print it.
+public enum BoxkeyRelease {
+    public static let version = "0.4.0"
+    public static var description: String { "\(version) (protocol \(BoxkeyProtocol.version))" }
+}

@@ -1,0 +1,66 @@
+import Foundation
+
+/// Private files of the box and the phone: directories 0700, files 0600, written whole or not
+/// at all, and on disk before the call returns (the vault counts a PIN attempt this way before
+/// it tries the PIN, so a crash or a full disk cannot skip the count).
+public enum PrivateFiles {
+    public struct Failure: Error, CustomStringConvertible, Equatable {
+        public let description: String
+        public init(_ description: String) { self.description = description }
+    }
+
+    /// Creates `path` (and its parents) as 0700, or makes an existing one 0700.
+    public static func ensureDirectory(_ path: String) throws(Failure) {
+        if !FileManager.default.fileExists(atPath: path) {
+            do {
+                try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            } catch {
+                throw Failure("cannot create \(path): \(error.localizedDescription)")
+            }
+        }
+        guard chmod(path, 0o700) == 0 else { throw Failure("cannot make \(path) private: \(errnoText())") }
+    }
+
+    /// Writes `contents` to `path` as 0600: a temporary file, fsync, rename, fsync of the
+    /// directory. Every step is checked; on any failure the old file is left as it was.
+    public static func write(_ contents: some ContiguousBytes, to path: String) throws(Failure) {
+        let temporary = path + ".tmp-\(getpid())"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw Failure("cannot write \(temporary): \(errnoText())") }
+        var problem: String?
+        contents.withUnsafeBytes { bytes in
+            var done = 0
+            while done < bytes.count {
+                let n = Glibc.write(fd, bytes.baseAddress! + done, bytes.count - done)
+                if n < 0, errno == EINTR { continue }
+                guard n > 0 else { problem = errnoText(); return }
+                done += n
+            }
+        }
+        if problem == nil, fsync(fd) != 0 { problem = errnoText() }
+        if close(fd) != 0, problem == nil { problem = errnoText() }
+        if problem == nil, rename(temporary, path) != 0 { problem = errnoText() }
+        if let problem {
+            unlink(temporary)
+            throw Failure("cannot write \(path): \(problem)")
+        }
+        syncDirectory(of: path)
+    }
+
+    /// Removes `path` and makes the removal durable. Missing is fine.
+    public static func remove(_ path: String) throws(Failure) {
+        guard unlink(path) == 0 || errno == ENOENT else { throw Failure("cannot remove \(path): \(errnoText())") }
+        syncDirectory(of: path)
+    }
+
+    /// The rename is durable only once the directory entry is (rename(2), fsync(2)).
+    private static func syncDirectory(of path: String) {
+        let directory = (path as NSString).deletingLastPathComponent
+        let fd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        fsync(fd)
+        close(fd)
+    }
+
+    static func errnoText() -> String { String(cString: strerror(errno)) }
+}

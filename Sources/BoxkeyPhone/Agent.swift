@@ -1,0 +1,196 @@
+import BoxkeyCore
+import BoxkeyRadio
+import Foundation
+
+/// What `boxkey agent status` shows.
+public struct AgentStatus: Codable, Sendable, Equatable {
+    public struct Presence: Codable, Sendable, Equatable {
+        public var box: String
+        public var connected: Bool
+    }
+    public var pid: Int32
+    public var credentialsHeld: Bool
+    public var user: String?
+    public var expiresInSeconds: Int?
+    public var presence: Presence?
+}
+
+/// `boxkey agent`, in the spirit of ssh-agent: the vault is opened once, and the credentials
+/// stay in locked memory (libsodium's guarded, mlock'ed pages) for `lifetime`; they are dropped
+/// on `boxkey lock`, on suspend, on `boxkey agent forget`, and when the lifetime ends. It logs
+/// in for `boxkey login` (no PIN, no vault read, no Argon2id) and holds the presence link and
+/// its re-attachment. `AgentServer` puts it on a socket only its user can reach.
+public actor Agent {
+    private struct Held {
+        let user: String
+        let password: SecureBytes
+        let until: ContinuousClock.Instant
+    }
+
+    private var phone: Phone
+    private let radio: PhoneRadio
+    private let lifetime: Duration
+    private let log: @Sendable (String) -> Void
+    private let clock = ContinuousClock()
+    private var held: Held?
+    private var presence: PresenceLink?
+    private var busy = false
+    private var stopRequested = false
+    /// Presence links to run; `AgentServer` runs them in its task group.
+    nonisolated let presenceLinks: AsyncStream<PresenceLink>
+    private let presenceContinuation: AsyncStream<PresenceLink>.Continuation
+
+    public init(phone: Phone, radio: PhoneRadio, lifetime: Duration, log: @escaping @Sendable (String) -> Void) {
+        self.phone = phone
+        self.radio = radio
+        self.lifetime = lifetime
+        self.log = log
+        (presenceLinks, presenceContinuation) = AsyncStream.makeStream()
+    }
+
+    public var isStopRequested: Bool { stopRequested }
+
+    /// Opens the vault with `pin` and holds the credentials. The attempt is counted as any.
+    public func unlock(pin: SecureBytes?) throws(PhoneFailure) {
+        var vault = try phone.vault()
+        do {
+            let (user, password) = try vault.credentials(pin: pin, now: vaultNow())
+            held = Held(user: user, password: password, until: clock.now + lifetime)
+            log("credentials for \(user) held for \(lifetime)")
+        } catch let f as Vault.Failure {
+            throw f.asPhoneFailure
+        } catch {
+            throw PhoneFailure(.failure, "\(error)")
+        }
+    }
+
+    /// Drops the credentials (the presence link stays: it carries no secret).
+    public func forget(_ why: String) {
+        guard held != nil else { return }
+        held = nil  // SecureBytes zeroes and frees its pages
+        log("credentials dropped (\(why))")
+    }
+
+    /// Called about once a second: the lifetime runs out here.
+    public func tick() {
+        if let held, clock.now >= held.until { forget("lifetime over") }
+    }
+
+    public func status() -> AgentStatus {
+        AgentStatus(pid: getpid(), credentialsHeld: held != nil, user: held?.user,
+                    expiresInSeconds: held.map { Int(($0.until - clock.now).components.seconds) },
+                    presence: presence.map { .init(box: $0.box.description, connected: $0.isConnected) })
+    }
+
+    /// Serves one request; `reply` is told progress lines and the final answer.
+    public func handle(_ request: AgentRequest, reply: @escaping @Sendable (AgentReply) -> Void) async {
+        switch request {
+        case .status:
+            reply(.result(.success, message: statusText(), details: Self.json(status())))
+        case .unlock(let pin):
+            do {
+                try unlock(pin: pin)
+                reply(.result(.success, message: "unlocked", details: ""))
+            } catch {
+                reply(.result(error.outcome, message: error.message, details: ""))
+            }
+        case .forget:
+            forget("asked to")
+            reply(.result(.success, message: "The agent dropped the credentials.", details: ""))
+        case .stop:
+            stopRequested = true
+            forget("stopping")
+            presence?.leave(detach: false)
+            presenceContinuation.finish()
+            reply(.result(.success, message: "Agent stopped.", details: ""))
+        case .login(let box, let stay):
+            await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
+        case .act(let action, let box):
+            await exclusive(reply) { try await self.act(action, box: box) }
+        }
+    }
+
+    /// One radio job at a time: a second waits for nothing, it is told the agent is busy.
+    private func exclusive(_ reply: @Sendable (AgentReply) -> Void, _ job: () async throws -> AgentReply) async {
+        guard !busy else { reply(.result(.failure, message: "the agent is busy with another request; try again", details: "")); return }
+        busy = true
+        defer { busy = false }
+        do { reply(try await job()) } catch let f as PhoneFailure {
+            reply(.result(f.outcome, message: f.message, details: ""))
+        } catch {
+            reply(.result(.failure, message: "\(error)", details: ""))
+        }
+    }
+
+    private func login(_ box: BoxID?, stay: Bool, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply {
+        tick()
+        guard let held else {
+            let vault = try phone.vault()
+            guard vault.hasPIN else {
+                try unlock(pin: nil)
+                return try await login(box, stay: stay, reply: reply)
+            }
+            return .needPIN
+        }
+        let id = try phone.boxID(box)
+        _ = try phone.pinnedKey(id)
+        var phone = phone
+        defer { self.phone = phone }
+        let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central,
+                                                   progress: { elapsed in reply(.progress("looking for box \(id)… \(elapsed.components.seconds) s")) })
+        log(report.sentence)
+        if stay {
+            // A new presence link replaces the old one, which leaves without a walk-away.
+            presence?.leave(detach: true)
+            let link = PresenceLink(box: id, link: link, phone: phone, radio: radio, log: log)
+            presence = link
+            presenceContinuation.yield(link)
+        } else {
+            try? await link.send(.detach)
+            await link.close()
+        }
+        return .result(.success, message: report.sentence + (stay ? " The agent holds the presence link." : ""), details: Self.json(report))
+    }
+
+    func presenceEnded(_ link: PresenceLink, _ ending: PresenceLink.Ending) {
+        log("presence link to box \(link.box) ended: \(ending)")
+        if presence === link { presence = nil }
+    }
+
+    /// Lock and logout: over the presence link to that box if there is one, else a new link.
+    /// Locking also drops the credentials: the person is leaving.
+    private func act(_ action: ActionResult.Action, box: BoxID?) async throws(PhoneFailure) -> AgentReply {
+        let id = try phone.boxID(box)
+        if action == .lock { forget("boxkey lock") }
+        if let presence, presence.box == id, presence.isConnected {
+            let result = await withCheckedContinuation { (c: CheckedContinuation<Result<Void, PhoneFailure>, Never>) in
+                presence.act(action) { c.resume(returning: $0) }
+            }
+            try result.get()
+        } else {
+            var phone = phone
+            defer { self.phone = phone }
+            let link = try await phone.connect(to: id, radio: radio.central)
+            try await Phone.act(action, on: link, box: id)
+        }
+        return .result(.success, message: action == .lock ? "Locked your session on box \(id)." : "Logged out of box \(id).", details: "")
+    }
+
+    private func statusText() -> String {
+        let s = status()
+        var lines = ["agent:       running (pid \(s.pid))"]
+        if let user = s.user, let left = s.expiresInSeconds {
+            lines.append("credentials: held for \(user), \(left / 60) min \(left % 60) s left")
+        } else {
+            lines.append("credentials: not held (the next login asks for the PIN)")
+        }
+        if let p = s.presence { lines.append("presence:    box \(p.box), \(p.connected ? "connected" : "looking for the box")") }
+        return lines.joined(separator: "\n")
+    }
+
+    static func json(_ value: some Encodable) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return (try? encoder.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? ""
+    }
+}

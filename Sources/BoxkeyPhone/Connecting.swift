@@ -1,0 +1,74 @@
+import BoxkeyCore
+import BoxkeyRadio
+import Foundation
+
+/// How the phone reaches a paired box, in the order the transport allows:
+/// 1. a live link it already holds (the agent's presence link) — for lock and logout; a push
+///    always takes a new handshake (one push per handshake, docs/protocol.md);
+/// 2. the address and advertisement heard last, while that advertisement's nonce is still
+///    accepted (the box takes the current and the previous nonce, so one heard within
+///    `cachedAdvertisementLifetime` is good) — no scan;
+/// 3. a scan.
+/// The nonce in the handshake's prologue is what forces the scan: it proves the phone heard
+/// the box recently, so a phone that has not heard it within a rotation period must listen.
+extension Phone {
+    /// The box's default nonce rotation (60 s); a box set to rotate faster refuses an older
+    /// nonce with `staleAdvertisement`, and the phone then scans.
+    public static let cachedAdvertisementLifetime: TimeInterval = 55
+
+    public static let searchTime: Duration = .seconds(10)
+
+    /// Opens a channel to paired box `id`, recording where it was heard.
+    public mutating func connect(to id: BoxID, radio: any CentralRadio, searchTime: Duration = Phone.searchTime,
+                                 progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> BoxLink {
+        let key = try pinnedKey(id)
+        if let (cached, at) = boxes.lastHeard(id), Date().timeIntervalSince(at) < Self.cachedAdvertisementLifetime {
+            do {
+                return try await BoxLink.open(to: cached, boxKey: key, identity: identity, radio: radio, timeout: .seconds(3))
+            } catch let f as BoxLink.Failure where f.meansListenAgain {
+                // Gone from there, or its nonce moved on: listen for it.
+            } catch {
+                throw failure(error, box: id)
+            }
+        }
+        var attempts = 0
+        while true {
+            attempts += 1
+            let heard = try await find(id, pinned: key, radio: radio, searchTime: searchTime, progress: progress)
+            try? boxes.remember(id, heard: heard)
+            do {
+                return try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: radio)
+            } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
+                continue  // the nonce rotated while connecting: once more with a fresh one
+            } catch {
+                throw failure(error, box: id)
+            }
+        }
+    }
+
+    /// Scans for a box, warning loudly when only a box with another key answers to its ID.
+    public func find(_ id: BoxID, pinned key: PublicKey?, radio: any CentralRadio, searchTime: Duration,
+                     progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> HeardBox {
+        let finder = BoxFinder(radio: radio)
+        do {
+            if let box = try await finder.find(id, pinned: key, timeout: searchTime, progress: progress) { return box }
+            if key != nil, try await finder.find(id, pinned: nil, timeout: .milliseconds(300)) != nil { throw keyChanged(id) }
+        } catch let f as PhoneFailure {
+            throw f
+        } catch {
+            throw PhoneFailure(.radioUnavailable, "scan failed: \(error)")
+        }
+        throw PhoneFailure(.notFound, "box \(id) not found nearby (is boxkeyd running and advertising?)")
+    }
+}
+
+extension BoxLink.Failure {
+    /// The box was not where it was heard last, or no longer takes that advertisement.
+    var meansListenAgain: Bool {
+        switch self {
+        case .radio, .timedOut: true
+        case .refused(let r): r.code == .staleAdvertisement
+        default: false
+        }
+    }
+}

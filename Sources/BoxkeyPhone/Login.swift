@@ -1,0 +1,90 @@
+import BoxkeyCore
+import BoxkeyRadio
+
+/// What a login achieved, for the person and for the bench.
+public struct LoginReport: Sendable, Codable {
+    public var box: String
+    public var user: String
+    /// Where the session is, as the box said ("gdm-password on seat0").
+    public var place: String
+    /// From the start of the search to the box's answer.
+    public var radioMilliseconds: Int
+    /// Simulated radio only: connection events, ATT value bytes, link-layer packets.
+    public var airEvents: Int?
+    public var airBytes: Int?
+    public var airPackets: Int?
+}
+
+extension Phone {
+    /// Finds box `id`, pushes the credentials and waits for the PAM stack's answer. Accepted,
+    /// the link is returned in the presence state (the caller keeps it or detaches it);
+    /// otherwise it is closed and the outcome thrown.
+    public mutating func login(to id: BoxID, user: String, password: SecureBytes, radio: any CentralRadio,
+                               progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
+        let clock = MonotonicClock()
+        let start = clock.now
+        let link = try await connect(to: id, radio: radio, progress: progress)
+        let answer: PhoneConnection.Event
+        do {
+            try await link.send(.credentialPush(CredentialPush(user: user, password: password, deviceName: deviceName)))
+            answer = try await link.next(timeout: .seconds(90))
+        } catch {
+            await link.close()
+            throw failure(error, box: id)
+        }
+        guard case .loginResult(let result) = answer else {
+            await link.close()
+            throw PhoneFailure(.failure, "unexpected answer from box \(id)")
+        }
+        let elapsed = clock.now - start
+        switch result.outcome {
+        case .accepted:
+            let stats = link.airStatistics
+            let report = LoginReport(box: id.description, user: user, place: result.reason,
+                                     radioMilliseconds: Int(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000),
+                                     airEvents: stats?.events, airBytes: stats?.bytes, airPackets: stats?.packets)
+            return (report, link)
+        case .rejected:
+            await link.close()
+            throw PhoneFailure(.rejected, "box \(id) rejected the credentials for \(user): \(result.reason). If the password changed, run `boxkey credentials set` and log in again.")
+        case .notAtPrompt, .wrongUser, .ambiguousPrompt:
+            await link.close()
+            throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? "box \(id) is not at a login prompt" : "box \(id): \(result.reason)")
+        case .timedOut:
+            await link.close()
+            throw PhoneFailure(.timedOut, "box \(id): \(result.reason)")
+        }
+    }
+
+    /// Locks or ends this phone's session on box `id` over `link` (a new one, or the presence
+    /// link), then closes it.
+    public static func act(_ action: ActionResult.Action, on link: BoxLink, box id: BoxID) async throws(PhoneFailure) {
+        let result: PhoneConnection.Event
+        do {
+            try await link.send(action == .lock ? .lock : .logout)
+            result = try await link.next(timeout: .seconds(15))
+        } catch {
+            await link.close()
+            throw PhoneFailure(.failure, "box \(id): \(error)")
+        }
+        await link.close()
+        guard case .actionResult(let r) = result else { throw PhoneFailure(.failure, "unexpected answer from box \(id)") }
+        switch r.outcome {
+        case .done: return
+        case .noSession: throw PhoneFailure(.noSession, "you have no session on box \(id)")
+        case .failed: throw PhoneFailure(.failure, "box \(id) could not \(action == .lock ? "lock" : "end") the session")
+        }
+    }
+}
+
+extension LoginReport {
+    /// The line `boxkey login` prints.
+    public var sentence: String {
+        "Logged in to box \(box) as \(user)\(place.isEmpty ? "" : ": \(place)") (\(radioMilliseconds) ms)."
+    }
+
+    public var airSentence: String? {
+        guard let airEvents, let airBytes, let airPackets else { return nil }
+        return "Air: \(airEvents) connection events from connect to the answer, \(airPackets) link-layer packets, \(airBytes) ATT value bytes both ways."
+    }
+}

@@ -1,0 +1,91 @@
+import BoxkeyCore
+import BoxkeyHost
+import BoxkeyRadio
+import Foundation
+
+/// Boxes this phone has paired with (`boxes.json`): the pinned key per box ID, and where and
+/// when the box was last heard, so the next connection can skip the scan (`BoxFinder`).
+public struct PairedBoxes: Sendable {
+    public struct Box: Codable, Sendable, Equatable {
+        public var id: String
+        public var key: String
+        public var fingerprint: String
+        public var address: String?
+        public var pairedAt: Date
+        /// The last advertisement heard from the box (its 6-byte payload, hex) and when.
+        public var lastAdvertisement: String?
+        public var heardAt: Date?
+    }
+    struct File: Codable {
+        var boxes: [Box] = []
+        var defaultBox: String?
+    }
+
+    private var file = File()
+    let path: String
+
+    public static func load(_ dirs: PhoneDirectories) throws -> PairedBoxes {
+        try dirs.ensure()
+        var b = PairedBoxes(path: dirs.config + "/boxes.json")
+        if let data = FileManager.default.contents(atPath: b.path) {
+            let decoder = JSONDecoder()
+            decoder.dateDecodingStrategy = .iso8601
+            do { b.file = try decoder.decode(File.self, from: data) } catch {
+                throw PhoneError("\(b.path) is corrupt (\(error)); fix or delete it and pair again")
+            }
+        }
+        return b
+    }
+
+    init(path: String) { self.path = path }
+
+    public var boxes: [Box] { file.boxes }
+    public var defaultBox: BoxID? { file.defaultBox.flatMap(BoxID.init) ?? (file.boxes.count == 1 ? BoxID(file.boxes[0].id) : nil) }
+
+    public func box(_ id: BoxID) -> Box? { file.boxes.first { $0.id == id.description } }
+
+    public func key(of id: BoxID) -> PublicKey? {
+        box(id).flatMap { unhex($0.key) }.flatMap { try? PublicKey($0) }
+    }
+
+    /// Where the box was last heard and its advertisement then, if both are on record.
+    public func lastHeard(_ id: BoxID) -> (box: HeardBox, at: Date)? {
+        guard let b = box(id), let address = b.address.flatMap(DeviceAddress.init), let at = b.heardAt,
+              let payload = b.lastAdvertisement.flatMap(unhex), let advert = try? Advertisement.decode(payload) else { return nil }
+        return (HeardBox(address: address, advertisement: advert, rssi: nil), at)
+    }
+
+    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?) throws {
+        file.boxes.removeAll { $0.id == id.description }
+        file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address?.string, pairedAt: Date()))
+        file.defaultBox = id.description
+        try save()
+    }
+
+    /// Records where and when a box was heard (written only when the advertisement changed).
+    public mutating func remember(_ id: BoxID, heard: HeardBox, at now: Date = Date()) throws {
+        guard let i = file.boxes.firstIndex(where: { $0.id == id.description }) else { return }
+        let advert = hex(heard.advertisement.encode())
+        guard file.boxes[i].address != heard.address.string || file.boxes[i].lastAdvertisement != advert else { return }
+        file.boxes[i].address = heard.address.string
+        file.boxes[i].lastAdvertisement = advert
+        file.boxes[i].heardAt = now
+        try save()
+    }
+
+    @discardableResult
+    public mutating func forget(_ id: BoxID) throws -> Bool {
+        let before = file.boxes.count
+        file.boxes.removeAll { $0.id == id.description }
+        if file.defaultBox == id.description { file.defaultBox = nil }
+        try save()
+        return file.boxes.count != before
+    }
+
+    func save() throws {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        try PrivateFiles.write(try encoder.encode(file), to: path)
+    }
+}

@@ -1,0 +1,99 @@
+import BoxkeyCore
+import BoxkeyRadio
+import CBoxkeySys
+import Foundation
+
+/// This phone: its folders, its identity, the boxes it paired with. Every phone command starts
+/// here; failures come back as `PhoneFailure`s with their outcome.
+public struct Phone: Sendable {
+    public let dirs: PhoneDirectories
+    public let identity: PhoneIdentity
+    public var boxes: PairedBoxes
+
+    /// Loads (or creates) the phone's state. The process may come to hold a password: it is
+    /// kept out of core files, its files are private, and a file-size limit makes writes fail
+    /// (SIGXFSZ ignored) rather than kill it half-way through counting a PIN attempt.
+    public static func open(_ dirs: PhoneDirectories = PhoneDirectories()) throws(PhoneFailure) -> Phone {
+        _ = boxkey_disable_core_dumps()
+        umask(0o077)
+        signal(SIGXFSZ, SIG_IGN)
+        do {
+            return Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs))
+        } catch {
+            throw PhoneFailure(.failure, "\(error)")
+        }
+    }
+
+    public init(dirs: PhoneDirectories, identity: PhoneIdentity, boxes: PairedBoxes) {
+        self.dirs = dirs
+        self.identity = identity
+        self.boxes = boxes
+    }
+
+    public func vault() throws(PhoneFailure) -> Vault {
+        do { return try Vault.load(dirs, identity: identity) } catch let f as Vault.Failure { throw f.asPhoneFailure } catch {
+            throw PhoneFailure(.vaultUnusable, "\(error)")
+        }
+    }
+
+    /// The box meant: the one named, or the default box.
+    public func boxID(_ id: BoxID?) throws(PhoneFailure) -> BoxID {
+        if let id { return id }
+        guard let id = boxes.defaultBox else { throw PhoneFailure(.notPaired, "no box given and no default box: pair with one first (boxkey pair 4821)") }
+        return id
+    }
+
+    public func pinnedKey(_ id: BoxID) throws(PhoneFailure) -> PublicKey {
+        guard let key = boxes.key(of: id) else { throw PhoneFailure(.notPaired, "box \(id) is not paired: run boxkey pair \(id)") }
+        return key
+    }
+
+    public func keyChanged(_ id: BoxID) -> PhoneFailure {
+        PhoneFailure(.keyChanged, """
+
+        @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+        @    WARNING: BOX \(id) PRESENTS A DIFFERENT KEY!           @
+        @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+        Someone could be impersonating the box, or it was reinstalled. No credentials were sent.
+        The key you paired with is \(boxes.key(of: id)?.fingerprint ?? "?").
+        If the box was reinstalled, pair again at the box: its new pairing code proves its new key
+            boxkey pair \(id) --replace
+        """)
+    }
+
+    /// Refusals come before any channel, unauthenticated: anyone in radio range can send one,
+    /// so the wording is neutral and never advises forgetting keys.
+    public func refusalText(_ r: Refusal, box id: BoxID) -> String {
+        switch r.code {
+        case .notEnrolled: "box \(id) says this phone is not enrolled there: pair at the box with the code it shows (boxkey pair \(id)\(boxes.key(of: id) == nil ? "" : " --replace"))"
+        case .noPairingCode: "box \(id) has no pairing code live: show one at its login prompt (or `boxkeyd pair-code`) and try again"
+        case .handshakeFailed: "box \(id) refused the handshake (interference, or a box without the key you paired with); nothing was sent"
+        case .phoneRevoked: "the box's administrator revoked this phone"
+        case .rateLimited: "too many failed attempts; the box asks to wait before trying again"
+        case .unsupportedVersion: "the box speaks protocol version \(r.versions.lowerBound)...\(r.versions.upperBound); this boxkey speaks \(BoxkeyProtocol.version)"
+        case .busy: "the box is busy; try again"
+        case .staleAdvertisement: "the box's advertisement changed while connecting; try again"
+        default: "the box refused: \(r.code)"
+        }
+    }
+
+    /// A link failure as the person should hear it.
+    public func failure(_ error: any Error, box id: BoxID) -> PhoneFailure {
+        if let f = error as? PhoneFailure { return f }
+        guard let f = error as? BoxLink.Failure else { return PhoneFailure(.failure, "box \(id): \(error)") }
+        switch f {
+        case .keyChanged: return keyChanged(id)
+        case .refused(let r): return PhoneFailure(.refused, refusalText(r, box: id))
+        case .radio(let s): return PhoneFailure(.radioUnavailable, "cannot connect to box \(id): \(s)")
+        case .pairingFailed: return PhoneFailure(.pairingFailed, "pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box \(id) and try again.")
+        case .timedOut: return PhoneFailure(.timedOut, "box \(id): \(f)")
+        case .linkLost, .protocolError: return PhoneFailure(.failure, "box \(id): \(f)")
+        }
+    }
+
+    public var deviceName: String {
+        var name = [CChar](repeating: 0, count: 65)
+        gethostname(&name, 64)
+        return String(String(cString: name).prefix(CredentialPush.maxDeviceNameLength))
+    }
+}

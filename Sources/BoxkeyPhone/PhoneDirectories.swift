@@ -1,0 +1,53 @@
+import BoxkeyHost
+import Foundation
+
+/// Where the phone keeps its state, all 0700:
+/// - `$XDG_CONFIG_HOME/boxkey`: its key (`phone.key`), the pinned boxes (`boxes.json`);
+/// - `$XDG_DATA_HOME/boxkey`: the vault;
+/// - `$XDG_STATE_HOME/boxkey`: the agent's log;
+/// - `$XDG_RUNTIME_DIR/boxkey`: the agent's socket (else `/tmp/boxkey-UID`, checked to be ours).
+public struct PhoneDirectories: Sendable {
+    public let config: String
+    public let data: String
+    public let state: String
+    public let runtime: String
+
+    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+        func xdg(_ name: String, _ fallback: String) -> String {
+            (environment[name].flatMap { $0.isEmpty ? nil : $0 } ?? fallback) + "/boxkey"
+        }
+        let home = environment["HOME"] ?? NSHomeDirectory()
+        config = xdg("XDG_CONFIG_HOME", home + "/.config")
+        data = xdg("XDG_DATA_HOME", home + "/.local/share")
+        state = xdg("XDG_STATE_HOME", home + "/.local/state")
+        if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty {
+            self.runtime = runtime + "/boxkey"
+        } else {
+            self.runtime = "/tmp/boxkey-\(getuid())"
+        }
+    }
+
+    public func ensure() throws(PrivateFiles.Failure) {
+        for d in [config, data] { try PrivateFiles.ensureDirectory(d) }
+    }
+
+    /// The runtime directory, created 0700; an existing one must be a directory this user owns
+    /// (under /tmp another user could have made it first).
+    public func ensureRuntime() throws(PrivateFiles.Failure) {
+        try PrivateFiles.ensureDirectory(runtime)
+        var s = stat()
+        guard lstat(runtime, &s) == 0, (s.st_mode & S_IFMT) == S_IFDIR, s.st_uid == getuid() else {
+            throw PrivateFiles.Failure("\(runtime) is not a directory of this user; remove it")
+        }
+    }
+
+    public var vault: String { data + "/vault" }
+    public var agentSocket: String { runtime + "/agent.sock" }
+    public var agentLog: String { state + "/agent.log" }
+}
+
+/// An error about the phone's own files, with what to do about it.
+public struct PhoneError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ d: String) { description = d }
+}

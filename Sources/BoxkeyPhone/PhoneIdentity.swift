@@ -1,0 +1,39 @@
+import BoxkeyCore
+import BoxkeyHost
+import BoxkeyRadio
+import Foundation
+
+/// The phone's static key (`phone.key`, 0600) and its device secret, created on first use.
+/// The key identifies the phone to boxes; the device secret binds the vault to this device.
+public struct PhoneIdentity: Sendable {
+    public let keyPair: KeyPair
+    public let deviceSecret: SecureBytes
+
+    public init(keyPair: KeyPair, deviceSecret: SecureBytes) {
+        self.keyPair = keyPair
+        self.deviceSecret = deviceSecret
+    }
+
+    public static func loadOrCreate(_ dirs: PhoneDirectories) throws -> PhoneIdentity {
+        try dirs.ensure()
+        let path = dirs.config + "/phone.key"
+        if let data = FileManager.default.contents(atPath: path) {
+            guard data.count == 64 else { throw PhoneError("\(path) is corrupt; delete it to make a new phone identity (boxes will see a new phone)") }
+            var bytes = [UInt8](data)
+            defer { secureZero(&bytes) }
+            return PhoneIdentity(keyPair: try KeyPair(privateKey: SecureBytes(copying: Array(bytes[0..<32]))),
+                                 deviceSecret: SecureBytes(copying: Array(bytes[32..<64])))
+        }
+        let key = SecureBytes.random(count: 32), secret = SecureBytes.random(count: 32)
+        var bytes = key.unprotectedCopy + secret.unprotectedCopy
+        defer { secureZero(&bytes) }
+        try PrivateFiles.write(bytes, to: path)
+        return PhoneIdentity(keyPair: try KeyPair(privateKey: key), deviceSecret: secret)
+    }
+
+    /// A stable simulated-radio address for this phone.
+    public var simulatedAddress: DeviceAddress {
+        let h = Blake2b.hash(keyPair.publicKey.bytes, outputLength: 3)
+        return DeviceAddress(String(format: "00:50:48:%02X:%02X:%02X", h[0], h[1], h[2]))!
+    }
+}

@@ -1,0 +1,147 @@
+import BoxkeyCore
+import BoxkeyRadio
+import NIOConcurrencyHelpers
+
+/// The phone's half of the presence link: after an accepted login it keeps the link up with
+/// keepalives, finds the box again after a link loss and re-attaches (within the box's grace
+/// period that cancels the walk-away action), carries lock and logout asked for meanwhile,
+/// and under the simulated radio follows `boxkey sim move`.
+public final class PresenceLink: Sendable {
+    public enum Ending: Equatable, Sendable {
+        /// Asked to leave: walking away (the box acts by its policy), or detached (it does not).
+        case left(detached: Bool)
+        /// A lock or logout was carried out on this link.
+        case acted
+        /// The box has no session for this phone any more (locked or ended meanwhile).
+        case sessionGone
+        /// The channel failed in a way re-attaching cannot mend.
+        case failed(String)
+    }
+
+    public let box: BoxID
+    private let phone: Phone
+    private let radio: PhoneRadio
+    private let keepalive: Duration
+    private let log: @Sendable (String) -> Void
+    private let state: NIOLockedValueBox<State>
+
+    private struct State {
+        var link: BoxLink
+        var leave: Bool?  // detach?
+        var actions: [(ActionResult.Action, @Sendable (Result<Void, PhoneFailure>) -> Void)] = []
+        var connected = true
+    }
+
+    public init(box: BoxID, link: BoxLink, phone: Phone, radio: PhoneRadio, keepalive: Duration = BoxkeyProtocol.keepaliveInterval,
+                log: @escaping @Sendable (String) -> Void) {
+        self.box = box
+        self.phone = phone
+        self.radio = radio
+        self.keepalive = keepalive
+        self.log = log
+        state = NIOLockedValueBox(State(link: link))
+    }
+
+    /// Whether the link is up now (false while looking for the box after a loss).
+    public var isConnected: Bool { state.withLockedValue { $0.connected } }
+
+    /// Ends the link: `detach` tells the box this is no walk-away.
+    public func leave(detach: Bool) {
+        state.withLockedValue { $0.leave = detach }
+    }
+
+    /// Carries out a lock or logout on the link; `done` is told how it went.
+    public func act(_ action: ActionResult.Action, done: @escaping @Sendable (Result<Void, PhoneFailure>) -> Void) {
+        state.withLockedValue { $0.actions.append((action, done)) }
+    }
+
+    /// Runs until the link ends; returns why.
+    public func run() async -> Ending {
+        let clock = MonotonicClock()
+        var nextKeepalive = clock.now + keepalive
+        let moves = radio.simulated.map { SimMoves(directory: $0.air.directory, address: $0.address) }
+        while true {
+            followMoves(moves)
+            let (link, leave, action) = state.withLockedValue { s in (s.link, s.leave, s.actions.isEmpty ? nil : s.actions.removeFirst()) }
+            if let detach = leave {
+                if detach { try? await link.send(.detach) }
+                await link.close()
+                failPending()
+                return .left(detached: detach)
+            }
+            if let (what, done) = action {
+                do {
+                    try await Phone.act(what, on: link, box: box)
+                    done(.success(()))
+                } catch {
+                    done(.failure(error))
+                }
+                failPending()
+                return .acted
+            }
+            do {
+                let event = try await link.next(timeout: .milliseconds(200))
+                if case .actionResult = event { await link.close(); return .sessionGone }
+            } catch BoxLink.Failure.timedOut {
+                if clock.now >= nextKeepalive {
+                    try? await link.send(.keepalive)
+                    nextKeepalive = clock.now + keepalive
+                }
+            } catch BoxLink.Failure.linkLost(let reason) {
+                state.withLockedValue { $0.connected = false }
+                log("Presence link to box \(box) lost (\(reason)); looking for the box…")
+                switch await reattach(moves: moves) {
+                case .back(let newLink):
+                    state.withLockedValue { $0.link = newLink; $0.connected = true }
+                    nextKeepalive = clock.now + keepalive
+                    log("Back in range: presence link to box \(box) restored.")
+                case .gone:
+                    log("Box \(box) has no session for this phone any more (it was locked or ended).")
+                    failPending()
+                    return .sessionGone
+                case .left(let detached):
+                    failPending()
+                    return .left(detached: detached)
+                }
+            } catch {
+                await link.close()
+                failPending()
+                return .failed("\(error)")
+            }
+        }
+    }
+
+    private enum Reattach { case back(BoxLink), gone, left(detached: Bool) }
+
+    /// Finds the box again and asks to be its presence link again (`attach`).
+    private func reattach(moves: SimMoves?) async -> Reattach {
+        let central = radio.centralForReattach()
+        var phone = phone
+        while true {
+            followMoves(moves)
+            if let detach = state.withLockedValue({ $0.leave }) { return .left(detached: detach) }
+            guard let link = try? await phone.connect(to: box, radio: central, searchTime: .seconds(1)) else { continue }
+            do {
+                try await link.send(.attach)
+                if case .actionResult(let r) = try await link.next(timeout: .seconds(10)) {
+                    if r.outcome == .done { return .back(link) }
+                    await link.close()
+                    return .gone
+                }
+            } catch {}
+            await link.close()
+        }
+    }
+
+    private func followMoves(_ moves: SimMoves?) {
+        guard let move = moves?.take(), let (air, address) = radio.simulated else { return }
+        log("Walking to \(move.to) m over \(move.over) s…")
+        air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+    }
+
+    /// Lock or logout asked for while the link is ending: there is nothing left to act on.
+    private func failPending() {
+        let pending = state.withLockedValue { s in defer { s.actions = [] }; return s.actions }
+        for (_, done) in pending { done(.failure(PhoneFailure(.noSession, "the presence link to box \(box) ended"))) }
+    }
+}

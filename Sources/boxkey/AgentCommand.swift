@@ -1,0 +1,138 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyHost
+import BoxkeyPhone
+import Foundation
+
+/// A lifetime such as 90s, 30m, 4h or 3600 (seconds).
+struct Lifetime: ExpressibleByArgument {
+    let duration: Duration
+    let text: String
+    init?(argument: String) {
+        let units: [Character: Int64] = ["s": 1, "m": 60, "h": 3600]
+        var digits = Substring(argument)
+        var unit: Int64 = 1
+        if let last = argument.last, let u = units[last] { unit = u; digits = digits.dropLast() }
+        guard let n = Int64(digits), n > 0, n <= 7 * 24 * 3600 / unit else { return nil }
+        duration = .seconds(n * unit)
+        text = argument
+    }
+}
+
+extension Boxkey {
+    struct Agent: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Keep the credentials unlocked for a while and log in without the PIN (like ssh-agent).",
+            discussion: "The agent opens the vault once and holds the credentials in locked memory until its lifetime ends, `boxkey lock`, a suspend, or `boxkey agent forget`. boxkey login then goes through it (no PIN, no vault read), and it keeps the presence link. Its socket is $XDG_RUNTIME_DIR/boxkey/agent.sock, reachable by this user only; its log is $XDG_STATE_HOME/boxkey/agent.log.",
+            subcommands: [AgentCommand.Start.self, AgentCommand.Status.self, AgentCommand.Forget.self, AgentCommand.Stop.self],
+            defaultSubcommand: AgentCommand.Status.self)
+    }
+}
+
+enum AgentCommand {
+    static let defaultLifetime = Lifetime(argument: "4h")!
+
+    struct Start: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Start the agent: asks the PIN once, then runs in the background.")
+        @Option(help: "How long the credentials are held: 90s, 30m, 4h (at most 7 days).") var lifetime = AgentCommand.defaultLifetime
+        @Flag(help: "Stay in the foreground (for a systemd user unit); the log goes to standard output.") var foreground = false
+        @Flag(help: .hidden) var detachedChild = false
+        @OptionGroup var radio: RadioOptions
+
+        func run() async throws {
+            try await Terminal.run {
+                let phone = try Phone.open()
+                if let client = AgentClient(phone.dirs), case .result(.success, _, let details) = try client.send(.status),
+                   let status = try? JSONDecoder().decode(AgentStatus.self, from: Data(details.utf8)) {
+                    Terminal.say("An agent is already running (pid \(status.pid)).")
+                    return
+                }
+                if !foreground, !detachedChild {
+                    try Self.spawnAgent(phone: phone, radio: radio, lifetime: lifetime)
+                    return
+                }
+                try await serve(phone)
+            }
+        }
+
+        /// Asks the PIN here, then starts `agent start --detached-child` in its own session
+        /// with the PIN on its standard input; returns once it serves.
+        static func spawnAgent(phone: Phone, radio: RadioOptions, lifetime: Lifetime) throws {
+            let vault = try phone.vault()
+            if vault.isWiped { throw Vault.Failure.wiped.asPhoneFailure }
+            guard vault.hasCredentials else { throw Vault.Failure.noCredentials.asPhoneFailure }
+            let pin = vault.hasPIN ? try Terminal.readPIN() : nil
+            let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+            let status = Detached.spawn([executable, "agent", "start", "--detached-child", "--lifetime", lifetime.text] + radio.arguments,
+                                        input: pin, ready: "Agent running")
+            guard status == 0 else { throw ExitCode(status) }
+        }
+
+        private func serve(_ phone: Phone) async throws {
+            let vault = try phone.vault()
+            guard vault.hasCredentials, !vault.isWiped else { throw Vault.Failure.noCredentials.asPhoneFailure }
+            let pin = vault.hasPIN ? try Terminal.readPIN() : nil
+            let phoneRadio = try await radio.open(phone)
+            defer { phoneRadio.shutdown() }
+            let detached = detachedChild
+            // A closed terminal or log pipe must not end the agent.
+            signal(SIGPIPE, SIG_IGN)
+            if detached { try? PrivateFiles.ensureDirectory(phone.dirs.state) }
+            let log: @Sendable (String) -> Void = { line in
+                Terminal.say("\(Date().formatted(.iso8601)) \(line)")
+            }
+            let agent = BoxkeyPhone.Agent(phone: phone, radio: phoneRadio, lifetime: lifetime.duration, log: log)
+            try await agent.unlock(pin: pin)
+            let server = try AgentServer(agent: agent, dirs: phone.dirs, log: log)
+            let lifetimeText = lifetime.text
+            let signals = [SIGINT, SIGTERM, SIGHUP].map { sig in
+                signal(sig, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: sig)
+                source.setEventHandler { Task { await agent.handle(.stop) { _ in } } }
+                source.resume()
+                return source
+            }
+            defer { signals.forEach { $0.cancel() } }
+            try await server.run(ready: {
+                Terminal.say("Agent running (pid \(getpid())), credentials held for \(lifetimeText).")
+                if detached { Detached.redirectOutput(to: phone.dirs.agentLog) }
+            })
+            log("agent stopped")
+        }
+    }
+
+    struct Status: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show whether the agent runs, holds credentials, and holds a presence link.")
+        @Flag(help: "As a JSON object.") var json = false
+        func run() async throws {
+            try await Terminal.run {
+                let phone = try Phone.open()
+                guard let client = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)") }
+                guard case .result(.success, let message, let details) = try client.send(.status) else {
+                    throw PhoneFailure(.failure, "the agent did not answer the status request")
+                }
+                Terminal.say(json ? details : message)
+            }
+        }
+    }
+
+    struct Forget: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Make the agent drop the credentials now (it keeps running; the next login asks the PIN).")
+        func run() async throws { try await AgentCommand.simple(.forget) }
+    }
+
+    struct Stop: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Stop the agent (a presence link it holds ends as walking away).")
+        func run() async throws { try await AgentCommand.simple(.stop) }
+    }
+
+    static func simple(_ request: AgentRequest) async throws {
+        try await Terminal.run {
+            let phone = try Phone.open()
+            guard let client = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "no agent is running") }
+            guard case .result(let outcome, let message, _) = try client.send(request) else { throw PhoneFailure(.failure, "unexpected answer from the agent") }
+            guard outcome == .success else { throw PhoneFailure(outcome, message) }
+            Terminal.say(message)
+        }
+    }
+}

@@ -1,0 +1,143 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyPhone
+import Foundation
+
+extension Boxkey {
+    struct Credentials: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Store or clear the user name and password sealed in the vault.",
+                                                        subcommands: [Set.self, Clear.self, Show.self], defaultSubcommand: Show.self)
+        struct Set: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Store user and password (the password is read without echo, or from standard input).")
+            @Option(help: "The user name (asked for when missing).") var user: String?
+            func run() async throws {
+                try await Terminal.run {
+                    let phone = try Phone.open()
+                    var vault = try phone.vault()
+                    let name: String
+                    if let user { name = user } else {
+                        FileHandle.standardError.write("User: ".data(using: .utf8)!)
+                        name = readLine()?.trimmingCharacters(in: .whitespaces) ?? ""
+                    }
+                    guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
+                        throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
+                    }
+                    let password = Terminal.readSecret("Password: ")
+                    guard password.count > 0 else { throw PhoneFailure(.cancelled, "no password given; nothing was stored") }
+                    var pin: SecureBytes?
+                    if vault.hasPIN, !vault.isWiped {
+                        pin = try Terminal.readPIN()
+                        do { try vault.verify(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
+                    }
+                    do { try vault.store(user: name, password: password, pin: pin) } catch { throw PhoneFailure(.failure, "\(error)") }
+                    Terminal.say("Credentials for \(name) stored\(pin == nil ? "" : " behind your PIN").")
+                }
+            }
+        }
+        struct Clear: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Erase the stored credentials (and the PIN).",
+                discussion: "A vault that fails its integrity checks (edited, rolled back, or unreadable) is never opened; --force removes its file without reading it, so you can store credentials again.")
+            @Flag(help: "Remove the vault file even if it is damaged or was tampered with (nothing in it is read).") var force = false
+            func run() async throws {
+                try await Terminal.run {
+                    let phone = try Phone.open()
+                    if force {
+                        do { try Vault.remove(phone.dirs) } catch { throw PhoneFailure(.failure, "\(error)") }
+                        Terminal.say("Removed \(phone.dirs.vault).")
+                        return
+                    }
+                    // A damaged vault is refused here with the way out (--force).
+                    var vault = try phone.vault()
+                    do { try vault.clear() } catch { throw PhoneFailure(.failure, "\(error)") }
+                    Terminal.say("Credentials cleared.")
+                }
+            }
+        }
+        struct Show: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Say whether credentials are stored (never shows the password).")
+            @Flag(help: "As a JSON object.") var json = false
+            func run() async throws {
+                try await Terminal.run {
+                    let phone = try Phone.open()
+                    let state = VaultReport(Vault.state(phone.dirs, identity: phone.identity))
+                    Terminal.say(json ? Terminal.json(state) : state.sentence)
+                }
+            }
+        }
+    }
+
+    struct PIN: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "pin",
+            abstract: "Set, change or clear the vault PIN (at least \(Vault.minimumPINLength) digits; Argon2id, 256 MiB; 10 wrong PINs wipe the credentials).",
+            subcommands: [Set.self, Change.self, Clear.self])
+
+        static func newPIN() throws -> SecureBytes {
+            let pin = Terminal.readSecret("New PIN: ")
+            guard pin.count > 0 else { throw PhoneFailure(.cancelled, "no PIN entered; nothing was changed") }
+            if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
+            return pin
+        }
+
+        struct Set: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Protect the stored credentials with a PIN.")
+            func run() async throws {
+                try await Terminal.run {
+                    var vault = try Phone.open().vault()
+                    guard !vault.hasPIN else { throw PhoneFailure(.failure, "a PIN is already set: use boxkey pin change") }
+                    try vault.reseal(oldPIN: nil, newPIN: try PIN.newPIN(), now: vaultNow())
+                    Terminal.say("PIN set.")
+                }
+            }
+        }
+        struct Change: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Change the PIN.")
+            func run() async throws {
+                try await Terminal.run {
+                    var vault = try Phone.open().vault()
+                    let old = vault.hasPIN ? try Terminal.readPIN("Current PIN: ") : nil
+                    try vault.reseal(oldPIN: old, newPIN: try PIN.newPIN(), now: vaultNow())
+                    Terminal.say("PIN changed.")
+                }
+            }
+        }
+        struct Clear: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Remove the PIN (the credentials stay, protected by this device's key only).")
+            func run() async throws {
+                try await Terminal.run {
+                    var vault = try Phone.open().vault()
+                    guard vault.hasPIN else { throw PhoneFailure(.failure, "no PIN is set") }
+                    try vault.reseal(oldPIN: try Terminal.readPIN("Current PIN: "), newPIN: nil, now: vaultNow())
+                    Terminal.say("PIN cleared.")
+                }
+            }
+        }
+    }
+}
+
+/// The vault's state for `credentials` and `status`, in words or JSON.
+struct VaultReport: Encodable {
+    var credentials: String  // none, stored, wiped, unusable
+    var pin: Bool
+    var failures: Int
+    var problem: String?
+
+    init(_ state: Vault.State) {
+        switch state {
+        case .empty: (credentials, pin, failures) = ("none", false, 0)
+        case .stored(let p, let f): (credentials, pin, failures) = ("stored", p, f)
+        case .wiped: (credentials, pin, failures) = ("wiped", false, Vault.maxFailures)
+        case .unusable(let why): (credentials, pin, failures, problem) = ("unusable", false, 0, why)
+        }
+    }
+
+    var sentence: String {
+        switch credentials {
+        case "stored": "stored\(pin ? ", behind a PIN" : "")\(failures > 0 ? ", \(failures) wrong PIN\(failures == 1 ? "" : "s")" : "")"
+        case "wiped": "wiped after \(Vault.maxFailures) wrong PINs"
+        case "unusable": "unusable: \(problem ?? "?") (boxkey credentials clear --force removes it)"
+        default: "none stored"
+        }
+    }
+}

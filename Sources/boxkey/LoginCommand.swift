@@ -1,0 +1,151 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyPhone
+import Foundation
+
+extension Boxkey {
+    struct Login: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Log in to a box: push the stored credentials, print the box's answer, then stay connected as the presence link.",
+            discussion: "With an agent running (boxkey agent start), the agent logs in with the credentials it holds and keeps the presence link; this command returns after the box's answer. Without one, this command opens the vault (asking the PIN), and stays connected in the foreground until Ctrl-C (walking away), unless --no-stay.")
+        @Argument(help: "The box ID (default: the paired box).") var id: BoxID?
+        @Flag(help: "Exit after the box's answer instead of staying connected as the presence link.") var noStay = false
+        @Flag(help: "Keep the presence link in the background: starts an agent if none runs, and logs in through it.") var background = false
+        @Flag(help: "Do not use a running agent.") var noAgent = false
+        @Flag(help: "Simulated radio: also print the connection events and bytes on air the login used.") var stats = false
+        @Option(help: .hidden) var keepalive = Double(BoxkeyProtocol.keepaliveInterval.components.seconds)
+        @OptionGroup var radio: RadioOptions
+
+        func run() async throws {
+            try await Terminal.run {
+                var phone = try Phone.open()
+                let boxID = try phone.boxID(id)
+                _ = try phone.pinnedKey(boxID)
+                if !noAgent {
+                    if background, AgentClient(phone.dirs) == nil {
+                        try AgentCommand.Start.spawnAgent(phone: phone, radio: radio, lifetime: AgentCommand.defaultLifetime)
+                    }
+                    if AgentClient(phone.dirs) != nil {
+                        try loginThroughAgent(phone, boxID)
+                        return
+                    }
+                }
+                var vault = try phone.vault()
+                if vault.isWiped { throw Vault.Failure.wiped.asPhoneFailure }
+                guard vault.hasCredentials else { throw Vault.Failure.noCredentials.asPhoneFailure }
+                let pin = vault.hasPIN ? try Terminal.readPIN() : nil
+                let (user, password): (String, SecureBytes)
+                do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
+                let phoneRadio = try await radio.open(phone)
+                defer { phoneRadio.shutdown() }
+                var result: (LoginReport, BoxLink)?
+                while result == nil {
+                    do {
+                        result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
+                                                       progress: { Terminal.progress("looking for box \(boxID)… \($0.components.seconds) s") })
+                    } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
+                        continue
+                    }
+                }
+                let (report, link) = result!
+                Terminal.clearProgress()
+                Terminal.say(report.sentence)
+                if stats, let air = report.airSentence { Terminal.say(air) }
+                if noStay {
+                    // Tell the box this is no walk-away: the session stays as it is.
+                    try? await link.send(.detach)
+                    await link.close()
+                    return
+                }
+                Terminal.say("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it.")
+                let presence = PresenceLink(box: boxID, link: link, phone: phone, radio: phoneRadio,
+                                            keepalive: .milliseconds(Int(keepalive * 1000)), log: { Terminal.say($0) })
+                // Ctrl-C: leaving is walking away, so the box acts by its policy.
+                let signals = [SIGINT, SIGTERM].map { sig in
+                    signal(sig, SIG_IGN)
+                    let source = DispatchSource.makeSignalSource(signal: sig)
+                    source.setEventHandler { presence.leave(detach: false) }
+                    source.resume()
+                    return source
+                }
+                let ending = await presence.run()
+                signals.forEach { $0.cancel() }
+                if ending == .left(detached: false) { Terminal.say("Left box \(boxID).") }
+            }
+        }
+
+        /// The agent holds the credentials and the radio; this process only asks and prints.
+        private func loginThroughAgent(_ phone: Phone, _ boxID: BoxID) throws {
+            while true {
+                guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "the agent went away") }
+                let reply = try agent.send(.login(box: boxID, stay: !noStay), progress: Terminal.progress)
+                switch reply {
+                case .needPIN:
+                    let pin = try Terminal.readPIN()
+                    guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "the agent went away") }
+                    if case .result(let outcome, let message, _) = try agent.send(.unlock(pin: pin)), outcome != .success {
+                        throw PhoneFailure(outcome, message)
+                    }
+                case .result(.success, let message, let details):
+                    Terminal.clearProgress()
+                    Terminal.say(message)
+                    if stats, let report = try? JSONDecoder().decode(LoginReport.self, from: Data(details.utf8)), let air = report.airSentence {
+                        Terminal.say(air)
+                    }
+                    return
+                case .result(.notFound, let message, _):
+                    guard Terminal.offerToSearchAgain(boxID) else { throw PhoneFailure(.notFound, message) }
+                case .result(let outcome, let message, _):
+                    throw PhoneFailure(outcome, message)
+                case .progress:
+                    continue
+                }
+            }
+        }
+    }
+
+    struct Lock: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Lock your session on a box now (an agent also drops the credentials it holds).")
+        @Argument(help: "The box ID (default: the paired box).") var id: BoxID?
+        @OptionGroup var radio: RadioOptions
+        func run() async throws {
+            try await Terminal.run {
+                try await sessionAction(.lock, id: id, radio: radio)
+                Terminal.say("Locked your session on box \(try Phone.open().boxID(id)).")
+            }
+        }
+    }
+
+    struct Logout: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "End your session on a box (asks first).")
+        @Argument(help: "The box ID (default: the paired box).") var id: BoxID?
+        @Flag(help: "Do not ask for confirmation.") var yes = false
+        @OptionGroup var radio: RadioOptions
+        func run() async throws {
+            try await Terminal.run {
+                guard yes || Terminal.confirm("Log out of your session? Unsaved work will be lost.") else {
+                    throw PhoneFailure(.cancelled, "not logged out")
+                }
+                try await sessionAction(.logout, id: id, radio: radio)
+                Terminal.say("Logged out of box \(try Phone.open().boxID(id)).")
+            }
+        }
+    }
+}
+
+/// Lock or logout: through the agent when one runs (over its presence link if it holds one),
+/// else over a new link.
+func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOptions) async throws {
+    var phone = try Phone.open()
+    let boxID = try phone.boxID(id)
+    if let agent = AgentClient(phone.dirs) {
+        if case .result(let outcome, let message, _) = try agent.send(.act(action, box: boxID)), outcome != .success {
+            throw PhoneFailure(outcome, message)
+        }
+        return
+    }
+    let phoneRadio = try await radio.open(phone)
+    defer { phoneRadio.shutdown() }
+    let link = try await phone.connect(to: boxID, radio: phoneRadio.central)
+    try await Phone.act(action, on: link, box: boxID)
+}

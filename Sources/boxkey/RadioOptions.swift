@@ -1,0 +1,30 @@
+import ArgumentParser
+import BoxkeyHost
+import BoxkeyPhone
+import Foundation
+
+extension RadioChoice.Backend: ExpressibleByArgument {}
+
+struct RadioOptions: ParsableArguments {
+    @Option(help: "Radio: auto, simulated or bluez (default $BOXKEY_RADIO or auto). auto uses BlueZ when it has an adapter, the simulated radio otherwise.")
+    var radio: RadioChoice.Backend = ProcessInfo.processInfo.environment["BOXKEY_RADIO"].flatMap(RadioChoice.Backend.init) ?? .auto
+
+    @Option(help: "BlueZ: the adapter to use, e.g. hci1 (default $BOXKEY_ADAPTER or the first).")
+    var adapter: String? = ProcessInfo.processInfo.environment["BOXKEY_ADAPTER"]
+
+    @Option(help: "Simulated radio: the directory shared with the box (default $BOXKEY_SIM_DIR or /tmp/boxkey-sim).")
+    var simDirectory: String?
+
+    @Option(help: "Simulated radio: this device's distance from the box's origin, in metres.")
+    var simPosition = 1.0
+
+    func open(_ phone: Phone) async throws -> PhoneRadio {
+        try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
+    }
+
+    /// The same options, to pass to a child process (`agent start`).
+    var arguments: [String] {
+        ["--radio", radio.rawValue] + (adapter.map { ["--adapter", $0] } ?? []) + (simDirectory.map { ["--sim-directory", $0] } ?? [])
+            + ["--sim-position", String(simPosition)]
+    }
+}

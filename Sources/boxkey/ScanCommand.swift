@@ -1,0 +1,77 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyPhone
+import BoxkeyRadio
+import Foundation
+
+extension Boxkey {
+    struct Scan: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List nearby boxes live: ID, signal strength, paired or not.",
+            discussion: "On a terminal the list redraws as advertisements arrive, with a progress line; piped, it prints one plain line per box as it is first heard (with --json, one object per advertisement).")
+        @Option(help: "How long to scan, in seconds.") var seconds = 4.0
+        @Flag(help: "One JSON object per advertisement heard, per line.") var json = false
+        @Option(help: "Stop as soon as this box is found (exit 3 if it is not).") var id: BoxID?
+        @OptionGroup var radio: RadioOptions
+
+        func run() async throws {
+            try await Terminal.run {
+                let phone = try Phone.open()
+                let phoneRadio = try await radio.open(phone)
+                defer { phoneRadio.shutdown() }
+                let live = isatty(1) == 1 && !json
+                let (found, count) = await scan(phoneRadio.central, boxes: phone.boxes, live: live)
+                if id != nil, !found { throw PhoneFailure(.notFound, "box \(id!) not found nearby") }
+                if count == 0, !json, !live { Terminal.say("no boxes found") }
+            }
+        }
+
+        private func scan(_ central: any CentralRadio, boxes: PairedBoxes, live: Bool) async -> (Bool, Int) {
+            let clock = MonotonicClock()
+            let start = clock.now
+            let end = start + .milliseconds(Int(seconds * 1000))
+            let results = central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: live || json))
+            let (json, wanted, seconds) = (json, id, seconds)
+            return await withTaskGroup(of: (Bool, Int)?.self) { group in
+                group.addTask { try? await clock.sleep(until: end); return nil }
+                group.addTask {
+                    var table = ScanTable(boxes: boxes)
+                    var lastDraw = clock.now - .seconds(1)
+                    let spinner = Array("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+                    func draw(final: Bool = false) {
+                        guard live else { return }
+                        let elapsed = Double((clock.now - start).nanoseconds) / 1e9
+                        let n = table.rows.count
+                        let status = final ? "\(n) box\(n == 1 ? "" : "es") found"
+                            : "\(spinner[Int(elapsed * 10) % spinner.count]) scanning… \(String(format: "%.0f", max(0, seconds - elapsed).rounded(.up))) s left"
+                        FileHandle.standardOutput.write(table.redraw(status: status).data(using: .utf8)!)
+                        lastDraw = clock.now
+                    }
+                    draw()
+                    do {
+                        for try await r in results {
+                            guard let (row, isNew) = table.add(r) else { continue }
+                            if json {
+                                Terminal.say(ScanTable.json(row))
+                            } else if live {
+                                if isNew || clock.now - lastDraw >= .milliseconds(100) { draw() }
+                            } else if isNew {
+                                Terminal.say(row.line)
+                            }
+                            if row.id == wanted?.description { draw(final: true); return (true, table.rows.count) }
+                        }
+                    } catch {}
+                    draw(final: true)
+                    return (false, table.rows.count)
+                }
+                var result: (Bool, Int) = (false, 0)
+                if let first = await group.next(), let r = first { result = r } else {
+                    group.cancelAll()
+                    for await r in group { if let r { result = r } }
+                }
+                group.cancelAll()
+                return result
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+import ArgumentParser
+import BoxkeyCore
+import BoxkeyPhone
+import Foundation
+import Synchronization
+
+/// Talking to the person: standard output for results, standard error for questions,
+/// progress and failures, secrets read without echo.
+enum Terminal {
+    static var isInteractive: Bool { isatty(0) == 1 && isatty(2) == 1 }
+
+    /// Runs a command body; a `PhoneFailure` is printed and becomes its exit code.
+    static func run(_ body: () async throws -> Void) async throws {
+        do { try await body() } catch let f as PhoneFailure {
+            clearProgress()
+            warn("boxkey: \(f.message)")
+            throw ExitCode(f.outcome.rawValue)
+        }
+    }
+
+    /// A line to standard output, unbuffered, so a log file follows live.
+    static func say(_ message: String) {
+        FileHandle.standardOutput.write((message + "\n").data(using: .utf8)!)
+    }
+
+    static func warn(_ message: String) {
+        FileHandle.standardError.write((message + "\n").data(using: .utf8)!)
+    }
+
+    /// "looking for box 4821… 3 s", redrawn in place on a terminal; nothing when piped.
+    static func progress(_ line: String) {
+        guard isatty(2) == 1 else { return }
+        FileHandle.standardError.write("\r\u{1B}[2K\(line)".data(using: .utf8)!)
+        progressShown.withLock { $0 = true }
+    }
+
+    static func clearProgress() {
+        guard progressShown.withLock({ let was = $0; $0 = false; return was }) else { return }
+        FileHandle.standardError.write("\r\u{1B}[2K".data(using: .utf8)!)
+    }
+
+    private static let progressShown = Mutex(false)
+
+    /// Asks before searching again for a box that was not found: only on a terminal.
+    static func offerToSearchAgain(_ id: BoxID) -> Bool {
+        guard isInteractive else { return false }
+        clearProgress()
+        FileHandle.standardError.write("Box \(id) not found nearby. Search again? [Y/n] ".data(using: .utf8)!)
+        guard let line = readLine() else { return false }
+        return ["", "y", "yes"].contains(line.trimmingCharacters(in: .whitespaces).lowercased())
+    }
+
+    static func confirm(_ question: String) -> Bool {
+        FileHandle.standardError.write("\(question) [y/N] ".data(using: .utf8)!)
+        guard let line = readLine() else { return false }
+        return ["y", "yes"].contains(line.trimmingCharacters(in: .whitespaces).lowercased())
+    }
+
+    /// Reads a secret: without echo on a terminal, else one line of standard input. Never nil:
+    /// nothing entered is an empty secret (which the vault does not count as an attempt).
+    static func readSecret(_ prompt: String) -> SecureBytes {
+        guard isatty(0) == 1 else { return readLineSecure() }
+        FileHandle.standardError.write(prompt.data(using: .utf8)!)
+        var old = termios()
+        tcgetattr(0, &old)
+        var quiet = old
+        quiet.c_lflag &= ~tcflag_t(ECHO)
+        tcsetattr(0, TCSAFLUSH, &quiet)
+        defer { tcsetattr(0, TCSAFLUSH, &old); FileHandle.standardError.write("\n".data(using: .utf8)!) }
+        return readLineSecure()
+    }
+
+    /// A PIN for the vault; nothing entered cancels (exit 16) without an attempt.
+    static func readPIN(_ prompt: String = "PIN: ") throws -> SecureBytes {
+        let pin = readSecret(prompt)
+        guard pin.count > 0 else { throw PhoneFailure(.cancelled, "no PIN entered; nothing was tried") }
+        return pin
+    }
+
+    /// One line of standard input into secure memory, without a String copy of it.
+    private static func readLineSecure() -> SecureBytes {
+        var bytes: [UInt8] = []
+        defer { secureZero(&bytes) }
+        bytes.reserveCapacity(600)
+        var c: UInt8 = 0
+        while read(0, &c, 1) == 1 {
+            if c == 10 { break }
+            if c != 13 { bytes.append(c) }
+            if bytes.count > CredentialPush.maxPasswordLength { break }
+        }
+        return SecureBytes(copying: bytes)
+    }
+
+    static func json(_ value: some Encodable) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+    }
+}
