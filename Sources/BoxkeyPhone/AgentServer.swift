@@ -35,6 +35,9 @@ public struct AgentServer: Sendable {
                 channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel) }
             }
         chmod(path, 0o600)
+        // The suspend watch is in place before the agent says it is ready: a suspend right
+        // after `boxkey agent start` returns must not be missed.
+        let sleepSignals = await subscribeToSleep()
         log("agent listening on \(path)")
         ready()
         defer { unlink(path) }
@@ -61,7 +64,7 @@ public struct AgentServer: Sendable {
                     }
                 }
             }
-            group.addTask { await watchSleep() }
+            group.addTask { await watchSleep(sleepSignals) }
             // The clock task ends on `stop`; everything else goes with it.
             _ = try await group.next()
             group.cancelAll()
@@ -106,19 +109,32 @@ public struct AgentServer: Sendable {
         }
     }
 
-    /// Drops the credentials when logind announces a suspend. Without a system bus (or logind)
-    /// there is no suspend to watch; the lifetime still applies.
-    private func watchSleep() async {
+    /// Subscribes to logind's `PrepareForSleep`. Without a system bus (or logind) there is no
+    /// suspend to watch; the lifetime still applies.
+    private func subscribeToSleep() async -> (DBusConnection, AsyncStream<DBusMessage>)? {
         do {
             let bus = try DBusConnection(.system)
-            defer { bus.close() }
-            let signals = try await bus.signals(SignalMatch(sender: "org.freedesktop.login1", path: "/org/freedesktop/login1",
-                                                            interface: "org.freedesktop.login1.Manager", member: "PrepareForSleep"))
-            for await signal in signals where signal.arguments.first?.bool == true {
-                await agent.forget("the machine is going to sleep")
+            do {
+                let signals = try await bus.signals(SignalMatch(sender: "org.freedesktop.login1", path: "/org/freedesktop/login1",
+                                                                interface: "org.freedesktop.login1.Manager", member: "PrepareForSleep"))
+                return (bus, signals)
+            } catch {
+                bus.close()
+                throw error
             }
         } catch {
             log("not watching for suspend (no logind on the system bus: \(error))")
+            return nil
+        }
+    }
+
+    /// Drops the credentials when logind announces a suspend.
+    private func watchSleep(_ subscription: (DBusConnection, AsyncStream<DBusMessage>)?) async {
+        if let (bus, signals) = subscription {
+            defer { bus.close() }
+            for await signal in signals where signal.arguments.first?.bool == true {
+                await agent.forget("the machine is going to sleep")
+            }
         }
         // Ends with the agent, not before (the task group stops when a task ends).
         while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }

@@ -17,6 +17,8 @@ struct Lifetime: ExpressibleByArgument {
         duration = .seconds(n * unit)
         text = argument
     }
+    /// As written ("4h"), for the help's "(default: 4h)".
+    var defaultValueDescription: String { text }
 }
 
 extension Boxkey {

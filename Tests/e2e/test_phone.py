@@ -1,0 +1,447 @@
+"""The phone CLI (boxkey) by its contract: the vault's attempt counter under attack, one exit
+code per outcome, --json, the full --help texts, and the agent (ssh-agent-like)."""
+import difflib
+import json
+import os
+import re
+import resource
+import socket
+import stat
+import subprocess
+import time
+
+import pytest
+
+from conftest import PASSWORD, USERS, wait_for
+
+PIN = "246810"
+HELP = os.path.join(os.path.dirname(__file__), "help")
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def vault_report(world):
+    r = world.phone("credentials", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def with_pin(world):
+    world.start_box()
+    world.pair_and_store()
+    r = world.phone("pin", "set", stdin=PIN + "\n")
+    assert r.returncode == 0, r.stderr
+
+
+def no_file_writes():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def phone_limited(world, *args, stdin):
+    """`boxkey` under RLIMIT_FSIZE=0: every write that would grow a file fails (EFBIG)."""
+    r = subprocess.run([world.bins["boxkey"], *args], env=world.phone_env(), input=stdin, capture_output=True,
+                       text=True, timeout=60, preexec_fn=no_file_writes)
+    world.outputs.append(r.stdout + r.stderr)
+    return r
+
+
+def alive(pid):
+    """Running, and not a zombie (an agent's parent exits; who reaps it depends on the container)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = re.search(r"^State:\s+(\S)", f.read(), re.M).group(1)
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def boxkey_processes(world):
+    """Live `boxkey` processes started with this world's phone folders."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            exe = os.readlink(f"/proc/{entry}/exe")
+            environ = open(f"/proc/{entry}/environ", "rb").read()
+        except OSError:
+            continue
+        if os.path.basename(exe).startswith("boxkey") and not exe.endswith("boxkeyd") \
+                and world.work.encode() in environ and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+class Agents:
+    """Starts the world's agent and makes sure it is stopped when the test ends."""
+
+    def __init__(self, world):
+        self.world = world
+        self.pids = set()
+        self.socket = os.path.join(world.env["XDG_RUNTIME_DIR"], "boxkey", "agent.sock")
+        self.log = os.path.join(world.env["XDG_STATE_HOME"], "boxkey", "agent.log")
+
+    def start(self, *args, stdin=None):
+        r = self.world.phone("agent", "start", *args, stdin=stdin)
+        m = re.search(r"Agent running \(pid (\d+)\)", r.stdout)
+        if m:
+            self.pids.add(int(m.group(1)))
+        return r
+
+    def status(self):
+        r = self.world.phone("agent", "status", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(r.stdout)
+
+    def log_text(self):
+        return open(self.log).read() if os.path.exists(self.log) else ""
+
+    def stop(self):
+        if os.path.exists(self.socket):
+            self.world.phone("agent", "stop", timeout=20)
+        for pid in self.pids:
+            try:
+                wait_for(lambda: not alive(pid), timeout=5, what=f"agent {pid} to end")
+            except AssertionError:
+                os.kill(pid, 9)  # an agent this test started
+
+
+@pytest.fixture
+def agents(world):
+    a = Agents(world)
+    yield a
+    a.stop()
+
+
+# --- the vault: "The wrong-PIN counter can be skipped" ------------------------------------------
+
+def test_pin_attempt_that_cannot_be_recorded_gets_no_answer(world):
+    """The attack: a file-size limit of 0 makes the attempt counter's write fail. Were the PIN
+    tried anyway, wrong answers (5) would come for free and the counter would never move. Every
+    attempt must end 14 — no answer, right or wrong — and nothing reaches the box."""
+    with_pin(world)
+    greeter = world.greeter()
+    before = vault_report(world)["failures"]
+    for _ in range(12):
+        r = phone_limited(world, "login", "--no-stay", stdin="111111\n")
+        assert r.returncode == 14, r.stdout + r.stderr
+        assert "could not record the PIN attempt" in r.stderr
+    r = phone_limited(world, "login", "--no-stay", stdin=PIN + "\n")
+    assert r.returncode == 14 and "could not record the PIN attempt" in r.stderr, r.stdout + r.stderr
+    assert "login attempt" not in world.box_output()
+    assert vault_report(world)["failures"] == before  # nothing recorded, because nothing was tried
+    leftovers = [f for f in os.listdir(os.path.join(world.env["XDG_DATA_HOME"], "boxkey")) if f != "vault"]
+    assert leftovers == []
+    # Without the limit, the right PIN logs in at the prompt that waited all along.
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+    code, _ = world.finish(greeter)
+    assert r.returncode == 0 and code == 0, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 0
+
+
+def test_empty_pin_is_no_attempt_and_wrong_pin_counts_one(world):
+    with_pin(world)
+    assert vault_report(world)["failures"] == 0
+    r = world.phone("login", "--no-stay", stdin="\n")
+    assert r.returncode == 16 and "no PIN entered" in r.stderr, r.stderr
+    r = world.phone("login", "--no-stay", stdin="")  # EOF: the same
+    assert r.returncode == 16, r.stderr
+    assert vault_report(world)["failures"] == 0
+    r = world.phone("login", "--no-stay", stdin="111111\n")
+    assert r.returncode == 5 and "9 attempts left" in r.stderr, r.stderr
+    assert vault_report(world)["failures"] == 1
+
+
+def test_pin_is_at_least_six_digits(world):
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    for weak in ("2468", "abcdef", "12345a"):
+        r = world.phone("pin", "set", stdin=weak + "\n")
+        assert r.returncode == 1 and "at least 6 digits" in r.stderr, (weak, r.stderr)
+        assert vault_report(world)["pin"] is False
+    r = world.phone("pin", "set", stdin=PIN + "\n")
+    assert r.returncode == 0 and "PIN set" in r.stdout, r.stderr
+    assert vault_report(world)["pin"] is True
+
+
+def test_tampered_vault_can_be_seen_and_cleared_with_force(world):
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
+    text = open(path).read()
+    assert '"failures" : 0' in text
+    open(path, "w").write(text.replace('"failures" : 0', '"failures" : 3', 1))
+    r = world.phone("status")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^credentials: unusable", r.stdout, re.M), r.stdout
+    r = world.phone("status", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["vault"]["credentials"] == "unusable", r.stdout
+    r = world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n")
+    assert r.returncode == 14 and "--force" in r.stderr, r.stderr
+    r = world.phone("credentials", "clear")
+    assert r.returncode == 14 and "--force" in r.stderr, r.stderr
+    assert os.path.exists(path)
+    r = world.phone("credentials", "clear", "--force")
+    assert r.returncode == 0 and path in r.stdout, r.stdout + r.stderr
+    assert not os.path.exists(path)
+    assert vault_report(world)["credentials"] == "none"
+    r = world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n")
+    assert r.returncode == 0 and "Credentials for alice stored" in r.stdout, r.stderr
+    assert vault_report(world)["credentials"] == "stored"
+
+
+# --- CLI habits ---------------------------------------------------------------------------------
+
+def test_version_and_usage_errors(world):
+    r = world.phone("--version")
+    assert r.returncode == 0 and r.stdout == "boxkey 0.4.0 (protocol 2)\n"
+    r = world.phone("pair", "12a4", "--code", "123456")
+    assert r.returncode == 64 and "'12a4'" in r.stderr and "Usage: boxkey pair" in r.stderr, r.stderr
+    r = world.phone("login", "99999")
+    assert r.returncode == 64 and "'99999'" in r.stderr and "Usage: boxkey login" in r.stderr, r.stderr
+    r = world.phone("pair", "4821", "--code", "12")
+    assert r.returncode == 64 and "a pairing code is 6 digits" in r.stderr, r.stderr
+    # Nothing was created by refused arguments.
+    assert not os.path.exists(os.path.join(world.env["XDG_CONFIG_HOME"], "boxkey"))
+
+
+def test_not_paired_and_no_credentials_have_their_own_codes(world):
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 4 and "no default box" in r.stderr, r.stderr
+    world.start_box()
+    r = world.pair(world.pairing_code("alice"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = world.phone("login", "--no-stay")
+    assert r.returncode == 11 and "no credentials stored" in r.stderr, r.stderr
+    r = world.phone("login", "1234", "--no-stay")
+    assert r.returncode == 4 and "box 1234 is not paired" in r.stderr, r.stderr
+
+
+def test_json_outputs_parse(world, agents):
+    world.start_box()
+    world.pair_and_store()
+    status = json.loads(world.phone("status", "--json").stdout)
+    assert status["vault"] == {"credentials": "stored", "pin": False, "failures": 0}
+    assert [b["id"] for b in status["boxes"]] == ["4821"] and status["boxes"][0]["isDefault"] is True
+    assert re.fullmatch(r"[0-9a-f]{64}", status["phoneKey"])
+    assert vault_report(world) == {"credentials": "stored", "pin": False, "failures": 0}
+    assert json.loads(world.phone("credentials", "show", "--json").stdout) == vault_report(world)
+    world.greeter()
+    r = world.phone("scan", "--json", "--seconds", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows, r.stdout
+    for row in rows:
+        assert set(row) == {"id", "address", "rssi", "paired", "loginPrompt"}, row
+        assert row["id"] == "4821" and row["paired"] is True and isinstance(row["rssi"], int)
+    assert any(row["loginPrompt"] for row in rows)
+    r = agents.start()
+    assert r.returncode == 0 and "Agent running" in r.stdout, r.stdout + r.stderr
+    a = agents.status()
+    assert a["credentialsHeld"] is True and a["user"] == "alice" and a["pid"] in agents.pids
+    assert 0 < a["expiresInSeconds"] <= 4 * 3600
+    assert json.loads(world.phone("status", "--json").stdout)["agent"]["pid"] == a["pid"]
+
+
+def test_logout_asks_first(world):
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login", "--no-stay").returncode == 0
+    world.finish(greeter)
+    r = world.phone("logout", stdin="n\n")
+    assert r.returncode == 16 and "not logged out" in r.stderr, r.stdout + r.stderr
+    assert "Log out of your session? Unsaved work will be lost. [y/N]" in r.stderr
+    r = world.phone("logout", stdin="")  # no answer is no
+    assert r.returncode == 16
+    time.sleep(0.5)
+    assert "TerminateSession" not in world.logind.calls()
+    r = world.phone("logout", stdin="y\n")
+    assert r.returncode == 0 and "Logged out of box 4821" in r.stdout, r.stderr
+    wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), what="TerminateSession")
+
+
+# --- every --help text, against Tests/e2e/help/ --------------------------------------------------
+
+COMMANDS = [(), ("scan",), ("pair",), ("forget",), ("credentials",), ("credentials", "set"), ("credentials", "clear"),
+            ("credentials", "show"), ("pin",), ("pin", "set"), ("pin", "change"), ("pin", "clear"), ("login",), ("lock",),
+            ("logout",), ("status",), ("agent",), ("agent", "start"), ("agent", "status"), ("agent", "forget"),
+            ("agent", "stop"), ("sim",), ("sim", "move")]
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=lambda w: " ".join(("boxkey",) + w))
+def test_help_text_matches_golden_file(bins, words):
+    """BOXKEY_REGENERATE_HELP=1 rewrites the golden files from the binary under test."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOXKEY_", "XDG_"))}
+    env["COLUMNS"] = "100"  # the parser wraps to the terminal's width, else to $COLUMNS
+    r = subprocess.run([bins["boxkey"], *words, "--help"], env=env, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    golden = os.path.join(HELP, "_".join(("boxkey",) + words) + ".txt")
+    if os.environ.get("BOXKEY_REGENERATE_HELP") == "1":
+        os.makedirs(HELP, exist_ok=True)
+        open(golden, "w").write(r.stdout)
+    expected = open(golden).read()
+    if r.stdout != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), r.stdout.splitlines(True),
+                                            fromfile=golden, tofile="boxkey " + " ".join(words) + " --help"))
+        pytest.fail("help text changed (BOXKEY_REGENERATE_HELP=1 rewrites the golden file):\n" + diff, pytrace=False)
+
+
+# --- the agent ----------------------------------------------------------------------------------
+
+def test_agent_logs_in_without_asking_the_pin(world, agents):
+    with_pin(world)
+    greeter = world.greeter()
+    start = time.monotonic()
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+    without_agent = time.monotonic() - start
+    assert r.returncode == 0 and world.finish(greeter)[0] == 0, r.stderr
+    r = agents.start(stdin=PIN + "\n")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^Agent running \(pid \d+\), credentials held for 4h\.$", r.stdout, re.M), r.stdout
+    greeter = world.greeter()
+    start = time.monotonic()
+    r = world.phone("login", "--no-stay", stdin="")  # no PIN to give: none is asked
+    with_agent = time.monotonic() - start
+    code, _ = world.finish(greeter)
+    assert r.returncode == 0 and code == 0, r.stdout + r.stderr
+    assert "Logged in to box 4821 as alice" in r.stdout and "PIN" not in r.stderr
+    print(f"login --no-stay: {without_agent:.2f} s without the agent (PIN, Argon2id), {with_agent:.2f} s through it")
+    s = agents.status()
+    assert s["credentialsHeld"] is True and s["user"] == "alice"
+    assert vault_report(world)["failures"] == 0
+
+
+def test_agent_forget_makes_the_next_login_ask_the_pin(world, agents):
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    r = world.phone("agent", "forget")
+    assert r.returncode == 0 and "dropped the credentials" in r.stdout, r.stderr
+    assert agents.status()["credentialsHeld"] is False
+    assert "credentials dropped (asked to)" in agents.log_text()
+    r = world.phone("login", "--no-stay", stdin="")
+    assert r.returncode == 16 and "no PIN entered" in r.stderr, r.stdout + r.stderr
+    # A wrong PIN handed to the agent is an attempt like any other.
+    r = world.phone("login", "--no-stay", stdin="111111\n")
+    assert r.returncode == 5 and "9 attempts left" in r.stderr, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 1
+    assert agents.status()["credentialsHeld"] is False
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+    code, _ = world.finish(greeter)
+    assert r.returncode == 0 and code == 0, r.stdout + r.stderr
+    assert agents.status()["credentialsHeld"] is True
+    assert vault_report(world)["failures"] == 0
+
+
+def test_lock_through_the_agent_drops_the_credentials(world, agents):
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login", "--no-stay").returncode == 0
+    assert world.finish(greeter)[0] == 0
+    r = world.phone("lock")
+    assert r.returncode == 0 and "Locked your session on box 4821" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), what="LockSession")
+    assert agents.status()["credentialsHeld"] is False
+    assert "credentials dropped (boxkey lock)" in agents.log_text()
+    r = world.phone("login", "--no-stay", stdin="")
+    assert r.returncode == 16  # the PIN is asked again
+
+
+def test_suspend_drops_the_credentials(world, agents):
+    """logind's PrepareForSleep(true), sent by the mock from the bus name org.freedesktop.login1,
+    right after `agent start` returns: the watch is in place before the agent says it runs."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+
+    def prepare_for_sleep(going):
+        world.logind.manager.EmitSignal("org.freedesktop.login1.Manager", "PrepareForSleep", "b", [going],
+                                        dbus_interface=world.logind.MOCK)
+
+    prepare_for_sleep(True)
+    wait_for(lambda: agents.status()["credentialsHeld"] is False, timeout=5, what="the agent dropping the credentials")
+    assert "credentials dropped (the machine is going to sleep)" in agents.log_text()
+    # Unlocked again by the next login; waking up (false) drops nothing, the next suspend does.
+    greeter = world.greeter()
+    assert world.phone("login", "--no-stay", stdin=PIN + "\n").returncode == 0
+    assert world.finish(greeter)[0] == 0
+    assert agents.status()["credentialsHeld"] is True
+    prepare_for_sleep(False)
+    time.sleep(1)
+    assert agents.status()["credentialsHeld"] is True
+    prepare_for_sleep(True)
+    wait_for(lambda: agents.status()["credentialsHeld"] is False, timeout=5, what="the agent dropping the credentials")
+
+
+def test_agent_socket_is_private_and_refuses_other_users(world, agents):
+    world.start_box()
+    world.pair_and_store()
+    assert agents.start().returncode == 0
+    directory = os.path.dirname(agents.socket)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_ISSOCK(os.stat(agents.socket).st_mode) and stat.S_IMODE(os.stat(agents.socket).st_mode) == 0o600
+    # Open the way for uid 1001 (mallory) on purpose: only the agent's SO_PEERCRED check is left.
+    opened = [world.work, os.path.join(world.work, "phone"), os.path.dirname(directory), directory]
+    modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in opened + [agents.socket]}
+    try:
+        for p in opened:
+            os.chmod(p, 0o755)
+        os.chmod(agents.socket, 0o666)
+        probe = ("import socket\n"
+                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                 "s.settimeout(10)\n"
+                 f"s.connect({agents.socket!r})\n"
+                 "try:\n"
+                 "    s.sendall(b'\\x00\\x01\\x01')\n"  # a status request
+                 "except OSError:\n"
+                 "    pass\n"
+                 "try:\n"
+                 "    print(repr(s.recv(4096)))\n"
+                 "except ConnectionResetError:\n"
+                 "    print('reset')\n")
+        r = subprocess.run(["/usr/bin/python3", "-c", probe], preexec_fn=lambda: os.setuid(USERS["mallory"]),
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() in ("b''", "reset"), r.stdout  # no answer: closed
+    finally:
+        for p, mode in modes.items():
+            os.chmod(p, mode)
+    wait_for(lambda: "refused a connection from another user" in agents.log_text(), timeout=5, what="the refusal logged")
+    assert agents.status()["credentialsHeld"] is True  # the agent serves its own user as before
+
+
+def test_agent_log_and_outputs_never_contain_the_password(world, agents):
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    for password in (PASSWORD, "wrong horse"):
+        assert world.phone("agent", "forget").returncode == 0
+        assert world.phone("credentials", "set", "--user", "alice", stdin=f"{password}\n{PIN}\n").returncode == 0
+        g = world.greeter()
+        r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+        assert r.returncode == (0 if password == PASSWORD else 2), r.stderr
+        world.finish(g)
+    world.phone("agent", "status")
+    world.phone("status", "--json")
+    agents.stop()
+    world.stop_box()
+    log = agents.log_text()
+    assert "login accepted" in world.box_output() and "login rejected" in world.box_output()
+    assert "Logged in to box 4821" in log
+    everything = log + world.box_output() + "\n".join(world.outputs)
+    for secret in (PASSWORD, "wrong horse", "battery", PIN):
+        assert secret not in everything, secret
+
+
+def test_agent_stop_ends_the_process(world, agents):
+    world.start_box()
+    world.pair_and_store()
+    assert agents.start().returncode == 0
+    pid = agents.status()["pid"]
+    assert alive(pid)
+    r = world.phone("agent", "stop")
+    assert r.returncode == 0 and "Agent stopped" in r.stdout, r.stderr
+    wait_for(lambda: not alive(pid), timeout=5, what="the agent process to end")
+    assert not os.path.exists(agents.socket)
+    assert "agent stopped" in agents.log_text()
+    r = world.phone("agent", "status")
+    assert r.returncode == 18, r.stdout + r.stderr
+    assert boxkey_processes(world) == []
