@@ -46,7 +46,7 @@ let package = Package(
             providers: [.apt(["libdbus-1-dev"])]
         ),
 
-        // Linux calls that need _GNU_SOURCE (SO_PEERCRED, PR_SET_DUMPABLE).
+        // Linux calls that need _GNU_SOURCE (SO_PEERCRED, PR_SET_DUMPABLE, posix_spawn's GNU extensions).
         .target(name: "CBoxkeySys"),
 
         // A small D-Bus layer over libdbus-1: calls, signals, exported objects, fd passing.
@@ -130,7 +130,7 @@ let package = Package(
 
         .testTarget(
             name: "BoxkeyRadioTests",
-            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus"]
+            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus", "CBoxkeySys"]
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",

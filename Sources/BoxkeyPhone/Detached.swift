@@ -17,7 +17,9 @@ public enum Detached {
         posix_spawn_file_actions_adddup2(&actions, stdinPipe[0], 0)
         posix_spawn_file_actions_adddup2(&actions, stdoutPipe[1], 1)
         posix_spawn_file_actions_adddup2(&actions, stdoutPipe[1], 2)
-        for fd in stdinPipe + stdoutPipe { posix_spawn_file_actions_addclose(&actions, fd) }
+        // Nothing else this process holds open goes along: a pipe of whoever started us would
+        // otherwise stay open for the agent's whole life, and they would wait for its end.
+        _ = boxkey_posix_spawn_close_from(&actions, 3)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

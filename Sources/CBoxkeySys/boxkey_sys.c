@@ -23,3 +23,7 @@ int boxkey_sol_socket(void) { return SOL_SOCKET; }
 int boxkey_so_peercred(void) { return SO_PEERCRED; }
 
 short boxkey_posix_spawn_setsid(void) { return POSIX_SPAWN_SETSID; }
+
+int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}

@@ -6,6 +6,7 @@ import Testing
 @Suite(.timeLimit(.minutes(2))) struct BlueZRecoveryTests {
     @Test func theBoxComesBackAfterBluetoothdRestarts() async throws {
         let world = try await BluezooWorld()
+        defer { world.close() }
         let peripheral = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
         try await peripheral.publish(TestService.definition)
         try await peripheral.advertise(TestService.advertising)
@@ -33,6 +34,7 @@ import Testing
 
     @Test func missingAdapterIsAClearError() async throws {
         let world = try await BluezooWorld()
+        defer { world.close() }
         do {
             _ = try await BlueZCentral(adapter: "hci7", bus: world.bus.bus)
             Issue.record("opened an adapter that does not exist")
@@ -43,6 +45,7 @@ import Testing
 
     @Test func noBluetoothdIsAClearError() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         do {
             _ = try await BlueZPeripheral(adapter: nil, bus: bus.bus)
             Issue.record("opened BlueZ where there is none")

@@ -21,7 +21,11 @@ import Testing
         process.standardOutput = output
         try process.run()
         let line = String(data: output.fileHandleForReading.availableData, encoding: .utf8) ?? ""
-        guard line.contains("ready") else { throw RadioError.unavailable("peer did not start: \(line)") }
+        guard line.contains("ready") else {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            throw RadioError.unavailable("peer did not start: \(line)")
+        }
         return (process, input)
     }
 
@@ -51,6 +55,8 @@ import Testing
         let directory = try makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (process, _) = try startPeer(directory: directory)
+        // Killed below; here too when the test fails before that.
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) }; process.waitUntilExit() }
         let air = try SocketAir(directory: directory)
         defer { air.shutdown() }
         let link = try await air.central(phoneAddress).connect(to: Self.peer, timeout: .seconds(5))
@@ -61,7 +67,6 @@ import Testing
         #expect(await events.next() == .disconnected(.supervisionTimeout))
         let noticed = clock.now - killedAt
         #expect(noticed >= .milliseconds(400) && noticed < .milliseconds(1500), "noticed after \(noticed)")
-        process.waitUntilExit()
     }
 }
 

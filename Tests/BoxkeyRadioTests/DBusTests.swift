@@ -30,6 +30,7 @@ import Testing
 
     @Test func valuesSurviveTheRoundTrip() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         let (server, _) = try server(bus)
         let client = try DBusConnection(bus.bus)
         defer { client.close(); server.close() }
@@ -50,6 +51,7 @@ import Testing
 
     @Test func objectManagerPropertiesAndSignals() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         let (server, tree) = try server(bus)
         let client = try DBusConnection(bus.bus)
         defer { client.close(); server.close() }
@@ -76,6 +78,7 @@ import Testing
 
     @Test func errorsCarryTheirNames() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         let (server, _) = try server(bus)
         let client = try DBusConnection(bus.bus)
         defer { client.close(); server.close() }
@@ -103,6 +106,7 @@ import Testing
 
     @Test func fileDescriptorsPass() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         let (server, _) = try server(bus)
         let client = try DBusConnection(bus.bus)
         defer { client.close(); server.close() }
@@ -116,6 +120,7 @@ import Testing
 
     @Test func aCallWithoutAnswerTimesOut() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         // A peer that is on the bus but never reads its messages.
         var error = CDBus.DBusError()
         dbus_error_init(&error)
@@ -141,6 +146,7 @@ import Testing
 
     @Test func closingFailsPendingCalls() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         var error = CDBus.DBusError()
         dbus_error_init(&error)
         let silent = dbus_connection_open_private(bus.address, &error)!
@@ -159,6 +165,7 @@ import Testing
     /// boxkeyd then hung at shutdown once dbus-daemon had gone away.
     @Test func aCallAfterTheConnectionEndedFailsAtOnce() async throws {
         let bus = try PrivateBus()
+        defer { bus.close() }
         let client = try DBusConnection(bus.bus)
         client.close()
         let outcome = await withTaskGroup(of: String.self) { group in

@@ -2,34 +2,47 @@ import BoxkeyBlueZ
 import BoxkeyDBus
 import Foundation
 
-/// A private `dbus-daemon` for a test, torn down with it.
+/// A private `dbus-daemon` for a test. `close()` stops it and waits for it; a test closes it
+/// when it ends (`defer { bus.close() }`), deinit only as a last resort.
 final class PrivateBus: @unchecked Sendable {
     let address: String
-    private let daemon: Process
+    /// A fresh folder for the bus's files and those of what runs on it, removed by `close()`.
+    let directory: String
+    private let daemon: FixtureProcess
 
     init() throws {
-        daemon = Process()
-        // Under timeout(1): if this process dies before its deinit runs, the bus still goes.
-        daemon.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
-        daemon.arguments = ["600", "/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1"]
-        let out = Pipe()
-        daemon.standardOutput = out
-        daemon.standardError = FileHandle.nullDevice
-        try daemon.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = out.fileHandleForReading.availableData
-            guard !chunk.isEmpty else { throw TestFailure("dbus-daemon printed no address") }
-            line += chunk
+        directory = try makeTemporaryDirectory()
+        let addressFile = directory + "/bus-address"
+        do {
+            // Under timeout(1): if the test process dies before closing it, the bus still goes.
+            daemon = try FixtureProcess(["/usr/bin/timeout", "600", "/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=3"],
+                                        extraFiles: [3: addressFile])
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
         }
-        address = String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        var line: String?
+        for _ in 0..<500 {
+            if let text = try? String(contentsOfFile: addressFile, encoding: .utf8), text.hasSuffix("\n") { line = text; break }
+            guard daemon.isRunning else { break }
+            usleep(10_000)
+        }
+        guard let line else {
+            daemon.terminate()
+            try? FileManager.default.removeItem(atPath: directory)
+            throw TestFailure("dbus-daemon printed no address")
+        }
+        address = line.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     var bus: DBusConnection.Bus { .address(address) }
 
-    // timeout(1) passes SIGTERM on. Foundation reaps the child; waiting here from a test's
-    // thread can hang its run loop.
-    deinit { kill(daemon.processIdentifier, SIGTERM) }
+    func close() {
+        daemon.terminate()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    deinit { close() }
 }
 
 struct TestFailure: Error, CustomStringConvertible {
@@ -38,10 +51,12 @@ struct TestFailure: Error, CustomStringConvertible {
 }
 
 /// bluezoo (PyPI, a BlueZ D-Bus mock) on a private bus with the box's and the phone's adapters:
-/// hci0 = `boxAddress`, hci1 = `phoneAddress`.
+/// hci0 = `boxAddress`, hci1 = `phoneAddress`. `close()` stops bluezoo and the bus and waits
+/// for them; a test closes the world when it ends, deinit only as a last resort.
 final class BluezooWorld: @unchecked Sendable {
     let bus: PrivateBus
-    private var bluezoo: Process
+    private var bluezoo: FixtureProcess
+    private var log: String { bus.directory + "/bluezoo.log" }
 
     static var executable: String {
         if let e = ProcessInfo.processInfo.environment["BOXKEY_BLUEZOO"] { return e }
@@ -51,27 +66,25 @@ final class BluezooWorld: @unchecked Sendable {
 
     init() async throws {
         bus = try PrivateBus()
-        bluezoo = try Self.launch(on: bus)
-        try await waitForAdapters()
+        do { bluezoo = try Self.launch(on: bus) } catch {
+            bus.close()
+            throw error
+        }
+        do { try await waitForAdapters() } catch {
+            close()
+            throw error
+        }
     }
 
-    private static func launch(on bus: PrivateBus) throws -> Process {
+    private static func launch(on bus: PrivateBus) throws -> FixtureProcess {
         guard FileManager.default.isExecutableFile(atPath: executable) else {
             throw TestFailure("bluezoo not found at \(executable): run scripts/setup")
         }
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
-        p.arguments = ["600", executable, "--auto-enable", "--scan-interval", "1", "--adapter", boxAddress.string, "--adapter", phoneAddress.string]
         var environment = ProcessInfo.processInfo.environment
         environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
-        p.environment = environment
-        let log = FileManager.default.temporaryDirectory.appendingPathComponent("bluezoo-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
-        let handle = try FileHandle(forWritingTo: log)
-        p.standardOutput = handle
-        p.standardError = handle
-        try p.run()
-        return p
+        return try FixtureProcess(["/usr/bin/timeout", "600", executable, "--auto-enable", "--scan-interval", "1",
+                                   "--adapter", boxAddress.string, "--adapter", phoneAddress.string],
+                                  environment: environment, output: bus.directory + "/bluezoo.log")
     }
 
     /// Ready when both adapters are on the bus.
@@ -79,23 +92,29 @@ final class BluezooWorld: @unchecked Sendable {
         let probe = try DBusConnection(bus.bus)
         defer { probe.close() }
         for _ in 0..<100 {
+            guard bluezoo.isRunning else { break }
             if let reply = try? await probe.call("org.bluez", "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects", timeout: .seconds(1)),
                (reply.first?.entries ?? []).filter({ ($0.value.entries ?? []).contains { $0.key.string == "org.bluez.Adapter1" } }).count == 2 {
                 return
             }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw TestFailure("bluezoo did not come up")
+        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        throw TestFailure("bluezoo did not come up: \(output.suffix(2000))")
     }
 
     /// bluetoothd crashing and systemd starting it again: everything registered with it is gone.
     func restart() async throws {
-        kill(bluezoo.processIdentifier, SIGTERM)
         // The old one must have left the bus name before the new one asks for it.
-        for _ in 0..<100 where bluezoo.isRunning { try await Task.sleep(for: .milliseconds(50)) }
+        bluezoo.terminate()
         bluezoo = try Self.launch(on: bus)
         try await waitForAdapters()
     }
 
-    deinit { kill(bluezoo.processIdentifier, SIGTERM) }
+    func close() {
+        bluezoo.terminate()
+        bus.close()
+    }
+
+    deinit { close() }
 }

@@ -53,6 +53,22 @@ struct RadioPair {
     let parameters: SimulationParameters
     /// Keeps the cross-process airs and their directory alive.
     let owner: AnyObject?
+
+    /// Stops what the pair started (bluezoo and its bus) and waits for it.
+    func close() async {
+        if let bluez = owner as? BlueZPair { await bluez.close() }
+    }
+}
+
+/// Runs `body` with a connected pair on `backend` and closes the pair after it, passed or failed.
+func withRadioPair(_ backend: Backend, parameters: SimulationParameters = SimulationParameters(),
+                   _ body: (RadioPair) async throws -> Void) async throws {
+    let pair = try await makeRadioPair(backend, parameters: parameters)
+    do { try await body(pair) } catch {
+        await pair.close()
+        throw error
+    }
+    await pair.close()
 }
 
 func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = SimulationParameters()) async throws -> RadioPair {
@@ -73,15 +89,26 @@ func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = Simula
         return RadioPair(peripheral: world.peripheral, central: world.central, link: link, clock: MonotonicClock(), parameters: parameters, owner: world)
     case .bluezoo:
         let world = try await BluezooWorld()
-        let peripheral = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
-        let central = try await BlueZCentral(adapter: "hci1", bus: world.bus.bus)
-        try await peripheral.publish(TestService.definition)
-        try await peripheral.advertise(TestService.advertising)
-        // BlueZ connects only to a device it has discovered.
-        for try await r in central.scan(ScanFilter(serviceUUIDs: [TestService.service])) where r.address == boxAddress { break }
-        let link = try await central.connect(to: boxAddress, timeout: .seconds(10))
-        return RadioPair(peripheral: peripheral, central: central, link: link, clock: MonotonicClock(), parameters: parameters,
-                         owner: BlueZPair(world: world, peripheral: peripheral, central: central))
+        var peripheral: BlueZPeripheral?
+        var central: BlueZCentral?
+        do {
+            let box = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
+            peripheral = box
+            let phone = try await BlueZCentral(adapter: "hci1", bus: world.bus.bus)
+            central = phone
+            try await box.publish(TestService.definition)
+            try await box.advertise(TestService.advertising)
+            // BlueZ connects only to a device it has discovered.
+            for try await r in phone.scan(ScanFilter(serviceUUIDs: [TestService.service])) where r.address == boxAddress { break }
+            let link = try await phone.connect(to: boxAddress, timeout: .seconds(10))
+            return RadioPair(peripheral: box, central: phone, link: link, clock: MonotonicClock(), parameters: parameters,
+                             owner: BlueZPair(world: world, peripheral: box, central: phone))
+        } catch {
+            central?.close()
+            await peripheral?.close()
+            world.close()
+            throw error
+        }
     }
 }
 
@@ -97,13 +124,11 @@ final class BlueZPair: @unchecked Sendable {
         self.central = central
     }
 
-    deinit {
+    func close() async {
         central.close()
         // bluezoo and the bus stay until the peripheral has unregistered.
-        Task { [peripheral, world] in
-            await peripheral.close()
-            _ = world
-        }
+        await peripheral.close()
+        world.close()
     }
 }
 

@@ -40,6 +40,32 @@ def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stop_process(p, sig=signal.SIGTERM, grace=5.0):
+    """Sends `sig` to a Popen'd process and waits for it; SIGKILL after `grace` seconds. Never
+    raises. Returns False if it took the SIGKILL."""
+    if p is None or p.poll() is not None:
+        return True
+    try:
+        p.send_signal(sig)
+        p.wait(grace)
+        return True
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return False
+    except ProcessLookupError:
+        p.wait()
+        return True
+
+
+def running(pid):
+    """Whether `pid` is alive (a zombie is not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.fixture(scope="session")
 def bins():
     prebuilt = os.environ.get("BOXKEY_E2E_PREBUILT")
@@ -93,7 +119,14 @@ class Logind:
 
     def __init__(self, work):
         self.log = os.path.join(work, "logind.log")
-        self.bus = None
+        self.bus = self.mock = self.connection = None
+        try:
+            self._start(work)
+        except BaseException:
+            self.stop()  # what did start
+            raise
+
+    def _start(self, work):
         if RADIO == "bluez":
             # The lab's own system bus, which BlueZ is on; the VM is thrown away afterwards.
             self.address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
@@ -133,12 +166,13 @@ class Logind:
         return open(self.log).read() if os.path.exists(self.log) else ""
 
     def stop(self):
-        self.connection.close()
-        for p in (self.mock, self.bus):
-            if p is None:
-                continue
-            p.terminate()
-            p.wait(5)
+        """Stops the mock, then its bus, and waits for both (SIGKILL if they do not end)."""
+        try:
+            if self.connection is not None:
+                self.connection.close()
+        finally:
+            stop_process(self.mock)
+            stop_process(self.bus)
 
 
 class Prompt:
@@ -192,7 +226,10 @@ class World:
         self.socket = os.path.join(work, "run", "pam.sock")
         self.box_log = os.path.join(work, "boxkeyd.log")
         self.box_process = None
+        self.boxes = []  # every boxkeyd started, stopped when the test ends
         self.outputs = []  # everything every process printed, for the no-password check
+        # XDG_STATE_HOME and XDG_RUNTIME_DIR too: the agent's log and socket stay in the test's
+        # folder (not the real $HOME).
         self.env = dict(os.environ, BOXKEY_SIM_DIR=self.sim, BOXKEY_RADIO=RADIO, DBUS_SYSTEM_BUS_ADDRESS=logind.address,
                         XDG_CONFIG_HOME=os.path.join(work, "phone", "config"),
                         XDG_DATA_HOME=os.path.join(work, "phone", "data"),
@@ -251,6 +288,7 @@ class World:
     def start_box(self, expect_ready=True):
         self.box_process = subprocess.Popen([self.bins["boxkeyd"], "--config", self.config(), "--log-level", "debug"],
                                             env=self.box_env, stdout=open(self.box_log, "a"), stderr=subprocess.STDOUT)
+        self.boxes.append(self.box_process)
         if expect_ready:
             slow = 60 if RADIO == "bluez" else 10  # the lab emulates its CPU
             wait_for(lambda: os.path.exists(self.socket), timeout=slow, what="boxkeyd's socket")
@@ -258,9 +296,43 @@ class World:
         return self.box_process
 
     def stop_box(self):
-        if self.box_process and self.box_process.poll() is None:
-            self.box_process.send_signal(signal.SIGTERM)
-            self.box_process.wait(10)
+        assert stop_process(self.box_process, grace=10), "boxkeyd did not stop within 10 s of SIGTERM"
+
+    def background_links(self):
+        """The pids of running agents (`boxkey agent start`, `boxkey login --background`) of
+        this World's phones: each runs in its own session, so no process list of ours holds
+        them. Found by their command line and the phone home in their environment."""
+        pids = []
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                environ = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue
+            if cmdline.startswith(self.bins["boxkey"].encode() + b"\0") and b"--detached-child" in cmdline \
+                    and self.work.encode() in environ:
+                pids.append(pid)
+        return pids
+
+    def close(self):
+        """Stops and waits for everything the test started: prompts and phones, background
+        links, then the box (SIGTERM, as systemd would). Every step runs even when the test or
+        an earlier step failed; a box that needed SIGKILL fails the test after that."""
+        for p in self.processes:
+            stop_process(p, signal.SIGKILL)
+        for pid in self.background_links():
+            # Not our child: Ctrl-C for it (how its user stops it), and wait for it to go.
+            for sig in (signal.SIGINT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                    wait_for(lambda: not running(pid), timeout=5, what=f"background link {pid} to end")
+                    break
+                except ProcessLookupError:
+                    break
+                except AssertionError:
+                    continue
+        stubborn = [p.pid for p in self.boxes if not stop_process(p, grace=10)]
+        assert not stubborn, f"boxkeyd {stubborn} did not stop within 10 s of SIGTERM"
 
     def box_output(self):
         return open(self.box_log).read() if os.path.exists(self.box_log) else ""
@@ -410,15 +482,22 @@ class World:
 
 @pytest.fixture
 def world(bins):
+    """A World in a fresh folder. At teardown — after a failed test or a failed setup too —
+    everything it started is stopped and waited for, and the folder removed."""
     work = tempfile.mkdtemp(prefix="boxkey-e2e-")
-    logind = Logind(work)
-    logind.add_session("42", USERS["alice"], "alice", tty="tty1")  # alice's console session
-    w = World(bins, work, logind)
-    yield w
-    for p in w.processes:
-        if p.poll() is None:
-            p.kill()
-            p.wait(5)
-    w.stop_box()
-    logind.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    logind = w = None
+    try:
+        logind = Logind(work)
+        logind.add_session("42", USERS["alice"], "alice", tty="tty1")  # alice's console session
+        w = World(bins, work, logind)
+        yield w
+    finally:
+        try:
+            if w is not None:
+                w.close()
+        finally:
+            try:
+                if logind is not None:
+                    logind.stop()
+            finally:
+                shutil.rmtree(work, ignore_errors=True)

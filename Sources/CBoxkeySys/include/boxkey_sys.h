@@ -1,6 +1,7 @@
 #ifndef BOXKEY_SYS_H
 #define BOXKEY_SYS_H
 /* The few Linux calls Swift's Glibc module does not expose without _GNU_SOURCE. */
+#include <spawn.h>
 #include <sys/types.h>
 
 /* Same layout as struct ucred (SO_PEERCRED). */
@@ -22,4 +23,8 @@ int boxkey_sol_socket(void);
 int boxkey_so_peercred(void);
 /* POSIX_SPAWN_SETSID (a GNU extension): start a child in a new session. */
 short boxkey_posix_spawn_setsid(void);
+/* posix_spawn_file_actions_addclosefrom_np (a GNU extension, glibc 2.34): the child closes every
+   descriptor from `from` up, so it inherits none its parent left open without FD_CLOEXEC.
+   Returns 0 or an error number. */
+int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from);
 #endif
