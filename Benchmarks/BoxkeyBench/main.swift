@@ -92,9 +92,11 @@ final class BoxUnderTest: @unchecked Sendable {
     /// The last push's ticket: `pam_sm_open_session` hands it back to bind the session.
     private(set) var lastTicket = ""
 
-    init(parameters: SimulationParameters, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
+    /// On the in-process air, or with `socketAir` on the air other processes on this machine
+    /// join (a `boxkey` process as the phone).
+    init(parameters: SimulationParameters, socketAir: SocketAir? = nil, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
         self.parameters = parameters
-        air = SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
+        air = socketAir?.air ?? SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
         state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-\(UUID().uuidString.prefix(8))").path
         var config = DaemonConfig()
         config.stateDirectory = state
@@ -105,7 +107,8 @@ final class BoxUnderTest: @unchecked Sendable {
         logger.logLevel = .critical
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
                   clock: MonotonicClock(), logger: logger, radioDescription: "bench air")
-        let peripheral = air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0)
+        let address = DeviceAddress("00:B0:C5:00:48:21")!
+        let peripheral = try socketAir?.peripheral(address, at: 0) ?? air.peripheral(address, at: 0)
         presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
         service = RadioService(box: box, peripheral: peripheral, config: config,
                                clock: MonotonicClock(), logger: logger)
@@ -404,6 +407,80 @@ func vaultCost() throws {
         "≥ 0.25 s and ≥ 64 MiB", s.min >= 0.25 && memory >= 64)
 }
 
+/// `boxkey login` as a person runs it — a process, PIN on standard input — against a real Box
+/// on the cross-process simulated air: its wall time from exec to exit, against the radio time
+/// it reports (search to the box's answer), without and with the agent.
+func loginWallTime(boxkey: String) async throws {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-agent-\(getpid())").path
+    defer { try? FileManager.default.removeItem(atPath: dir) }
+    let air = try SocketAir(directory: dir + "/air")
+    defer { air.shutdown() }
+    let bench = try BoxUnderTest(parameters: SimulationParameters(), socketAir: air)
+    try await bench.start()
+    defer { bench.stop() }
+    let env = ["XDG_CONFIG_HOME": dir + "/config", "XDG_DATA_HOME": dir + "/data", "XDG_STATE_HOME": dir + "/state",
+               "XDG_RUNTIME_DIR": dir + "/run", "BOXKEY_RADIO": "simulated", "BOXKEY_SIM_DIR": dir + "/air", "HOME": dir]
+    @Sendable @discardableResult
+    func run(_ arguments: [String], input: String = "") throws -> (status: Int32, out: String, seconds: Double) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: boxkey)
+        p.arguments = arguments
+        p.environment = env
+        let stdin = Pipe(), stdout = Pipe()
+        p.standardInput = stdin
+        p.standardOutput = stdout
+        p.standardError = stdout
+        let t0 = ContinuousClock().now
+        try p.run()
+        stdin.fileHandleForWriting.write(input.data(using: .utf8)!)
+        try stdin.fileHandleForWriting.close()
+        let out = String(decoding: stdout.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        return (p.terminationStatus, out, milliseconds(ContinuousClock().now - t0) / 1000)
+    }
+    let pin = "246810\n"
+    try run(["pair", "4821", "--box-key", hex(bench.box.identity.keyPair.publicKey.bytes)])
+    try run(["credentials", "set", "--user", user], input: password + "\n")
+    try run(["pin", "set"], input: pin)
+    let status = try run(["status", "--json"]).out
+    guard let key = (try? JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any])?["phoneKey"] as? String else { throw BenchError("no phone key: \(status)") }
+    _ = await bench.box.enrolPhone(key: key, user: user, name: "bench phone")
+
+    /// One login at a prompt the bench plays (accepted); wall and radio seconds.
+    func login(_ arguments: [String], input: String) async throws -> (wall: Double, radio: Double) {
+        guard let prompt = await bench.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 20_000),
+                                                          peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
+        let box = bench.box
+        async let answered: Void = { if case .push = await box.awaitPush(prompt) { await box.report(prompt, .accepted, reason: "") } }()
+        // The process is waited for on a thread of its own: blocking one of the cooperative
+        // pool's two threads would starve the box this bench runs in-process.
+        let r = try await withCheckedThrowingContinuation { c in
+            Thread { c.resume(with: Result { try run(arguments, input: input) }) }.start()
+        }
+        await answered
+        guard r.status == 0, let m = r.out.firstMatch(of: /\((\d+) ms\)/), let radio = Double(m.1) else { throw BenchError("login failed: \(r.out)") }
+        return (r.seconds, radio / 1000)
+    }
+    let n = short ? 5 : 20
+    var direct: [(wall: Double, radio: Double)] = []
+    for _ in 0..<n { direct.append(try await login(["login", "--no-stay", "--no-agent"], input: pin)) }
+    try run(["agent", "start"], input: pin)
+    defer { _ = try? run(["agent", "stop"]) }
+    var agent: [(wall: Double, radio: Double)] = []
+    for _ in 0..<n { agent.append(try await login(["login", "--no-stay"], input: "")) }
+    func figures(_ xs: [(wall: Double, radio: Double)]) -> (wall: Summary, radio: Summary, ratio: Double) {
+        let wall = Summary(xs.map(\.wall).map { $0 * 1000 }), radio = Summary(xs.map(\.radio).map { $0 * 1000 })
+        return (wall, radio, wall.median / radio.median)
+    }
+    let d = figures(direct), a = figures(agent)
+    row("9a. boxkey login wall time, no agent (PIN, Argon2id, process start)",
+        String(format: "median %.0f ms wall vs %.0f ms radio: %.2f× (p99 wall %.0f ms)", d.wall.median, d.radio.median, d.ratio, d.wall.p99),
+        "(reference)", nil)
+    row("9b. boxkey login wall time through the agent",
+        String(format: "median %.0f ms wall vs %.0f ms radio: %.2f× (p99 wall %.0f ms)", a.wall.median, a.radio.median, a.ratio, a.wall.p99),
+        "≤ 1.2× radio", a.ratio <= 1.2)
+}
+
 func labFigures() {
     let path = FileManager.default.currentDirectoryPath + "/.build/lab/figures.json"
     guard let data = FileManager.default.contents(atPath: path),
@@ -434,6 +511,10 @@ if wanted(5) {
 if wanted(6) { try await pamFallback(boxkeyd: boxkeyd) }
 if wanted(7) { labFigures() }
 if wanted(8) { try vaultCost() }
+if wanted(9) {
+    let boxkey = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("boxkey").path
+    try await loginWallTime(boxkey: boxkey)
+}
 
 print("| figure | measured | target | |")
 print("|---|---|---|---|")

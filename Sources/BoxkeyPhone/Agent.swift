@@ -36,16 +36,18 @@ public actor Agent {
     private var presence: PresenceLink?
     private var busy = false
     private var stopRequested = false
-    /// Presence links to run; `AgentServer` runs them in its task group.
-    nonisolated let presenceLinks: AsyncStream<PresenceLink>
-    private let presenceContinuation: AsyncStream<PresenceLink>.Continuation
+    /// Link work that outlives a request: presence links to run, and links to detach and
+    /// close once the answer is out. `AgentServer` runs them in its task group.
+    enum LinkJob: Sendable { case presence(PresenceLink), detachAndClose(BoxLink) }
+    nonisolated let linkJobs: AsyncStream<LinkJob>
+    private let linkJobContinuation: AsyncStream<LinkJob>.Continuation
 
     public init(phone: Phone, radio: PhoneRadio, lifetime: Duration, log: @escaping @Sendable (String) -> Void) {
         self.phone = phone
         self.radio = radio
         self.lifetime = lifetime
         self.log = log
-        (presenceLinks, presenceContinuation) = AsyncStream.makeStream()
+        (linkJobs, linkJobContinuation) = AsyncStream.makeStream()
     }
 
     public var isStopRequested: Bool { stopRequested }
@@ -101,7 +103,7 @@ public actor Agent {
             stopRequested = true
             forget("stopping")
             presence?.leave(detach: false)
-            presenceContinuation.finish()
+            linkJobContinuation.finish()
             reply(.result(.success, message: "Agent stopped.", details: ""))
         case .login(let box, let stay):
             await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
@@ -111,18 +113,19 @@ public actor Agent {
     }
 
     /// One radio job at a time: a second waits for nothing, it is told the agent is busy.
-    private func exclusive(_ reply: @Sendable (AgentReply) -> Void, _ job: () async throws -> AgentReply) async {
+    /// A job that returns nil has replied itself.
+    private func exclusive(_ reply: @Sendable (AgentReply) -> Void, _ job: () async throws -> AgentReply?) async {
         guard !busy else { reply(.result(.failure, message: "the agent is busy with another request; try again", details: "")); return }
         busy = true
         defer { busy = false }
-        do { reply(try await job()) } catch let f as PhoneFailure {
+        do { if let answer = try await job() { reply(answer) } } catch let f as PhoneFailure {
             reply(.result(f.outcome, message: f.message, details: ""))
         } catch {
             reply(.result(.failure, message: "\(error)", details: ""))
         }
     }
 
-    private func login(_ box: BoxID?, stay: Bool, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply {
+    private func login(_ box: BoxID?, stay: Bool, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply? {
         tick()
         guard let held else {
             let vault = try phone.vault()
@@ -139,17 +142,18 @@ public actor Agent {
         let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central,
                                                    progress: { elapsed in reply(.progress("looking for box \(id)… \(elapsed.components.seconds) s")) })
         log(report.sentence)
+        // The answer goes out first: closing the link takes round trips the person need not wait for.
+        reply(.result(.success, message: report.sentence + (stay ? " The agent holds the presence link." : ""), details: Self.json(report)))
         if stay {
             // A new presence link replaces the old one, which leaves without a walk-away.
             presence?.leave(detach: true)
             let link = PresenceLink(box: id, link: link, phone: phone, radio: radio, log: log)
             presence = link
-            presenceContinuation.yield(link)
+            linkJobContinuation.yield(.presence(link))
         } else {
-            try? await link.send(.detach)
-            await link.close()
+            linkJobContinuation.yield(.detachAndClose(link))
         }
-        return .result(.success, message: report.sentence + (stay ? " The agent holds the presence link." : ""), details: Self.json(report))
+        return nil
     }
 
     func presenceEnded(_ link: PresenceLink, _ ending: PresenceLink.Ending) {

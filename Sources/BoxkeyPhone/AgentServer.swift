@@ -59,8 +59,11 @@ public struct AgentServer: Sendable {
             }
             group.addTask {
                 await withDiscardingTaskGroup { links in
-                    for await link in agent.presenceLinks {
-                        links.addTask { await agent.presenceEnded(link, await link.run()) }
+                    for await job in agent.linkJobs {
+                        switch job {
+                        case .presence(let link): links.addTask { await agent.presenceEnded(link, await link.run()) }
+                        case .detachAndClose(let link): links.addTask { try? await link.send(.detach); await link.close() }
+                        }
                     }
                 }
             }
