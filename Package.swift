@@ -139,6 +139,10 @@ let package = Package(
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),
         .testTarget(
+            name: "BoxkeyPhoneTests",
+            dependencies: ["BoxkeyPhone", "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio"]
+        ),
+        .testTarget(
             name: "BoxkeyCoreTests",
             dependencies: ["BoxkeyCore"],
             exclude: ["Interop"]

@@ -108,6 +108,8 @@ public actor Agent {
         case .login(let box, let stay):
             await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
         case .act(let action, let box):
+            // The person is leaving: the credentials go now, even if the agent is busy.
+            if action == .lock { forget("boxkey lock") }
             await exclusive(reply) { try await self.act(action, box: box) }
         }
     }
@@ -165,13 +167,17 @@ public actor Agent {
     /// Locking also drops the credentials: the person is leaving.
     private func act(_ action: ActionResult.Action, box: BoxID?) async throws(PhoneFailure) -> AgentReply {
         let id = try phone.boxID(box)
-        if action == .lock { forget("boxkey lock") }
         if let presence, presence.box == id, presence.isConnected {
-            let result = await withCheckedContinuation { (c: CheckedContinuation<Result<Void, PhoneFailure>, Never>) in
+            let result = await withCheckedContinuation { (c: CheckedContinuation<Result<Void, PhoneFailure>?, Never>) in
                 presence.act(action) { c.resume(returning: $0) }
             }
-            try result.get()
-        } else {
+            switch result {
+            case .success?: return .result(.success, message: action == .lock ? "Locked your session on box \(id)." : "Logged out of box \(id).", details: "")
+            case .failure(let f)?: throw f
+            case nil: break  // the link went before it could act: a new one below
+            }
+        }
+        do {
             var phone = phone
             defer { self.phone = phone }
             let link = try await phone.connect(to: id, radio: radio.central)

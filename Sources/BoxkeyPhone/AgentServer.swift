@@ -138,6 +138,11 @@ public struct AgentServer: Sendable {
             for await signal in signals where signal.arguments.first?.bool == true {
                 await agent.forget("the machine is going to sleep")
             }
+            // The bus went away: a suspend would go unnoticed from now on, so fail safe.
+            if !Task.isCancelled {
+                log("lost the system bus: suspends can no longer be seen")
+                await agent.forget("no longer watching for suspend")
+            }
         }
         // Ends with the agent, not before (the task group stops when a task ends).
         while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }

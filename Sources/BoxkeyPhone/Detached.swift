@@ -52,9 +52,13 @@ public enum Detached {
             FileHandle.standardOutput.write(chunk)
             if String(decoding: seen, as: UTF8.self).contains(ready) { return 0 }
         }
+        // It ended without saying it was ready: its exit status, or failure if a signal ended
+        // it (status 0 would read as success).
         var status: Int32 = 0
         waitpid(pid, &status, 0)
-        return (status >> 8) & 0xff
+        let signalled = status & 0x7f != 0
+        let code = (status >> 8) & 0xff
+        return signalled || code == 0 ? 1 : code
     }
 
     /// In the child, once ready: output goes to `log` (0600) from now on, input is /dev/null.

@@ -34,8 +34,13 @@ public struct PhoneDirectories: Sendable {
     /// The runtime directory, created 0700; an existing one must be a directory this user owns
     /// (under /tmp another user could have made it first).
     public func ensureRuntime() throws(PrivateFiles.Failure) {
-        try PrivateFiles.ensureDirectory(runtime)
+        // Checked before anything is done to it: a symlink planted there by another user must
+        // not have its target's mode changed.
         var s = stat()
+        if lstat(runtime, &s) == 0, (s.st_mode & S_IFMT) != S_IFDIR || s.st_uid != getuid() {
+            throw PrivateFiles.Failure("\(runtime) is not a directory of this user; remove it")
+        }
+        try PrivateFiles.ensureDirectory(runtime)
         guard lstat(runtime, &s) == 0, (s.st_mode & S_IFMT) == S_IFDIR, s.st_uid == getuid() else {
             throw PrivateFiles.Failure("\(runtime) is not a directory of this user; remove it")
         }

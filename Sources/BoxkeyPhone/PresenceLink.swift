@@ -28,7 +28,7 @@ public final class PresenceLink: Sendable {
     private struct State {
         var link: BoxLink
         var leave: Bool?  // detach?
-        var actions: [(ActionResult.Action, @Sendable (Result<Void, PhoneFailure>) -> Void)] = []
+        var actions: [(ActionResult.Action, @Sendable (Result<Void, PhoneFailure>?) -> Void)] = []
         var connected = true
     }
 
@@ -50,8 +50,9 @@ public final class PresenceLink: Sendable {
         state.withLockedValue { $0.leave = detach }
     }
 
-    /// Carries out a lock or logout on the link; `done` is told how it went.
-    public func act(_ action: ActionResult.Action, done: @escaping @Sendable (Result<Void, PhoneFailure>) -> Void) {
+    /// Carries out a lock or logout on the link; `done` is told how it went, or nil if the link
+    /// was lost (or is being found again) before it could act: the caller then uses a new link.
+    public func act(_ action: ActionResult.Action, done: @escaping @Sendable (Result<Void, PhoneFailure>?) -> Void) {
         state.withLockedValue { $0.actions.append((action, done)) }
     }
 
@@ -120,6 +121,8 @@ public final class PresenceLink: Sendable {
         while true {
             followMoves(moves)
             if let detach = state.withLockedValue({ $0.leave }) { return .left(detached: detach) }
+            // No link to act on while looking for the box: whoever asked uses a new one.
+            failPending()
             guard let link = try? await phone.connect(to: box, radio: central, searchTime: .seconds(1)) else { continue }
             do {
                 try await link.send(.attach)
@@ -139,9 +142,9 @@ public final class PresenceLink: Sendable {
         air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
     }
 
-    /// Lock or logout asked for while the link is ending: there is nothing left to act on.
+    /// Lock or logout asked for while the link is ending or lost: not carried out here.
     private func failPending() {
         let pending = state.withLockedValue { s in defer { s.actions = [] }; return s.actions }
-        for (_, done) in pending { done(.failure(PhoneFailure(.noSession, "the presence link to box \(box) ended"))) }
+        for (_, done) in pending { done(nil) }
     }
 }

@@ -124,15 +124,31 @@ public struct Vault {
 
     public static func load(_ dirs: PhoneDirectories, identity: PhoneIdentity) throws -> Vault {
         try dirs.ensure()
-        let path = dirs.vault
-        var vault = Vault(file: File(), path: path, deviceSecret: identity.deviceSecret)
-        guard FileManager.default.fileExists(atPath: path) else { return vault }
-        guard let data = FileManager.default.contents(atPath: path) else { throw Failure.tampered("cannot read \(path)") }
-        guard let file = try? JSONDecoder().decode(File.self, from: data) else { throw Failure.tampered("not a vault file") }
-        vault.file = file
-        guard file.version == 1 else { throw Failure.tampered("unknown version \(file.version)") }
-        guard constantTimeEqualHex(file.mac, vault.mac(of: file)) else { throw Failure.tampered("its integrity check failed") }
+        var vault = Vault(file: File(), path: dirs.vault, deviceSecret: identity.deviceSecret)
+        try vault.reload()
         return vault
+    }
+
+    /// Reads the file again (under the lock, the count another process may have moved).
+    private mutating func reload() throws {
+        guard FileManager.default.fileExists(atPath: path) else { file = File(); return }
+        guard let data = FileManager.default.contents(atPath: path) else { throw Failure.tampered("cannot read \(path)") }
+        guard let read = try? JSONDecoder().decode(File.self, from: data) else { throw Failure.tampered("not a vault file") }
+        guard read.version == 1 else { throw Failure.tampered("unknown version \(read.version)") }
+        guard constantTimeEqualHex(read.mac, mac(of: read)) else { throw Failure.tampered("its integrity check failed") }
+        file = read
+    }
+
+    /// An exclusive `flock` on `vault.lock` for one whole attempt — count, derivation, result —
+    /// so attempts from several processes at once are counted one by one, each seeing the
+    /// count and the delay the others left.
+    private func lock() throws -> Int32 {
+        let fd = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(path).lock: \(String(cString: strerror(errno)))") }
+        while flock(fd, LOCK_EX) != 0 {
+            guard errno == EINTR else { close(fd); throw Failure.attemptNotRecorded("cannot lock \(path).lock") }
+        }
+        return fd
     }
 
     private init(file: File, path: String, deviceSecret: SecureBytes) {
@@ -143,6 +159,9 @@ public struct Vault {
 
     /// The stored credentials. With a PIN, the attempt is counted on disk first, then tried.
     public mutating func credentials(pin: SecureBytes?, now: Date) throws -> (user: String, password: SecureBytes) {
+        let held = try lock()
+        defer { close(held) }
+        try reload()
         try checkNotWiped()
         guard let nonce = file.nonce.flatMap(unhex), let ciphertext = file.ciphertext.flatMap(unhex) else { throw Failure.noCredentials }
         if file.pin != nil {
@@ -178,6 +197,8 @@ public struct Vault {
     }
 
     public mutating func store(user: String, password: SecureBytes, pin: SecureBytes?) throws {
+        let held = try lock()
+        defer { close(held) }
         // A fresh salt with every new PIN or new credentials.
         file.pin = pin == nil ? nil : PINParameters(salt: hex(SystemRandom.bytes(Argon2id.saltLength)),
                                                     operations: Argon2id.Parameters.vault.operations,
@@ -193,6 +214,8 @@ public struct Vault {
     }
 
     public mutating func clear() throws {
+        let held = try lock()
+        defer { close(held) }
         file = File()
         try save()
     }

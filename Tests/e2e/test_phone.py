@@ -130,7 +130,7 @@ def test_pin_attempt_that_cannot_be_recorded_gets_no_answer(world):
     assert r.returncode == 14 and "could not record the PIN attempt" in r.stderr, r.stdout + r.stderr
     assert "login attempt" not in world.box_output()
     assert vault_report(world)["failures"] == before  # nothing recorded, because nothing was tried
-    leftovers = [f for f in os.listdir(os.path.join(world.env["XDG_DATA_HOME"], "boxkey")) if f != "vault"]
+    leftovers = [f for f in os.listdir(os.path.join(world.env["XDG_DATA_HOME"], "boxkey")) if f not in ("vault", "vault.lock")]
     assert leftovers == []
     # Without the limit, the right PIN logs in at the prompt that waited all along.
     r = world.phone("login", "--no-stay", stdin=PIN + "\n")
@@ -150,6 +150,53 @@ def test_empty_pin_is_no_attempt_and_wrong_pin_counts_one(world):
     r = world.phone("login", "--no-stay", stdin="111111\n")
     assert r.returncode == 5 and "9 attempts left" in r.stderr, r.stderr
     assert vault_report(world)["failures"] == 1
+
+
+def test_parallel_wrong_pins_are_each_counted(world):
+    """The attack: start several guesses at once, so each reads the same count before any
+    writes it. Each attempt holds the vault's lock from count to result, so each is counted,
+    and the ones after the 4th meet the delay."""
+    with_pin(world)
+    guesses = [subprocess.Popen([world.bins["boxkey"], "login", "--no-stay"], env=world.phone_env(), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = []
+    for i, p in enumerate(guesses):
+        out, err = p.communicate(f"11111{i}\n", timeout=60)
+        results.append((p.returncode, err))
+    world.outputs.extend(err for _, err in results)
+    codes = sorted(code for code, _ in results)
+    # Five wrong PINs counted one by one; the sixth meets the delay after the fifth.
+    assert codes == [5, 5, 5, 5, 5, 12], results
+    assert vault_report(world)["failures"] == 5
+
+
+def test_agent_start_killed_before_ready_is_a_failure(world):
+    """An agent that dies before it serves (OOM during Argon2id, a crash) must not read as
+    started: the command fails, whatever the signal's exit status would look like."""
+    with_pin(world)
+    p = subprocess.Popen([world.bins["boxkey"], "agent", "start"], env=world.phone_env(), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdin.write(PIN + "\n")
+    p.stdin.flush()
+    p.stdin.close()
+    child = None
+    def find_child():
+        nonlocal child
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                env = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue
+            if b"--detached-child" in cmd and world.work.encode() in env:
+                child = pid
+                return True
+        return False
+    wait_for(find_child, timeout=10, what="the agent's process")
+    os.kill(child, 9)
+    p.wait(30)
+    assert p.returncode != 0, p.stdout.read() + p.stderr.read()
+    assert world.phone("agent", "status").returncode == 18
 
 
 def test_pin_is_at_least_six_digits(world):
