@@ -38,7 +38,7 @@ import Testing
         // timeout(1)'s child, once it has forked it.
         var sleeper: pid_t?
         for _ in 0..<500 where sleeper == nil {
-            let children = (try? String(contentsOfFile: "/proc/\(child.pid)/task/\(child.pid)/children", encoding: .utf8)) ?? ""
+            let children = PrivateBus.read("/proc/\(child.pid)/task/\(child.pid)/children") ?? ""
             sleeper = children.split(separator: " ").first.flatMap { pid_t($0) }
             if sleeper == nil { usleep(10_000) }
         }

@@ -23,7 +23,7 @@ final class PrivateBus: @unchecked Sendable {
         }
         var line: String?
         for _ in 0..<500 {
-            if let text = try? String(contentsOfFile: addressFile, encoding: .utf8), text.hasSuffix("\n") { line = text; break }
+            if let text = Self.read(addressFile), text.hasSuffix("\n") { line = text; break }
             guard daemon.isRunning else { break }
             usleep(10_000)
         }
@@ -36,6 +36,17 @@ final class PrivateBus: @unchecked Sendable {
     }
 
     var bus: DBusConnection.Bus { .address(address) }
+
+    /// The file's text, read with read(2): Foundation's String(contentsOfFile:) leaks its buffer
+    /// (LeakSanitizer) when it fails on a file still being written.
+    static func read(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { Glibc.close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 4096)
+        let n = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        return n > 0 ? String(decoding: bytes[..<n], as: UTF8.self) : nil
+    }
 
     func close() {
         daemon.terminate()
