@@ -492,3 +492,36 @@ def test_agent_stop_ends_the_process(world, agents):
     r = world.phone("agent", "status")
     assert r.returncode == 18, r.stdout + r.stderr
     assert boxkey_processes(world) == []
+
+
+def test_search_shows_progress_and_offers_to_search_again_on_a_terminal(world):
+    """On a terminal the search says how long it has looked, and a box not found is offered
+    a second search; declining ends with exit 3 (not found)."""
+    import pty
+    world.start_box()
+    world.pair_and_store()
+    world.stop_box()  # the box is gone: nothing answers
+    pid, fd = pty.fork()
+    if pid == 0:
+        env = world.phone_env()
+        os.execve(world.bins["boxkey"], [world.bins["boxkey"], "login", "--no-stay"], env)
+    seen = b""
+    deadline = time.monotonic() + 40
+    answered = False
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if not answered and b"Search again? [Y/n]" in seen:
+            os.write(fd, b"n\n")
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    world.outputs.append(text)
+    assert re.search(r"looking for box 4821… [1-9] s", text), text
+    assert answered, text
+    assert os.waitstatus_to_exitcode(status) == 3, text
