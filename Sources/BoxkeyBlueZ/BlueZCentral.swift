@@ -83,8 +83,28 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
     public func connect(to peer: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
         let path = BlueZ.devicePath(adapter: adapter.path, peer)
         guard objects.properties(path, BlueZ.device) != nil else { throw RadioError.deviceNotFound(peer) }
-        let link = BlueZLink(central: self, peer: peer, path: path)
         let deadline = clock.now + timeout
+        // BlueZ sometimes drops a fresh LE link before its services resolve (seen in the lab
+        // right after an earlier link to the same box ended; bleak-retry-connector exists for
+        // the same reason). One more try, within the same deadline, is what a person would do.
+        var attempts = 0
+        while true {
+            attempts += 1
+            do {
+                return try await connectOnce(path: path, peer: peer, deadline: deadline)
+            } catch BlueZLink.EndedWhileResolving.ended where attempts < Self.connectAttempts && clock.now < deadline {
+                continue
+            } catch BlueZLink.EndedWhileResolving.ended {
+                throw RadioError.connectionFailed("disconnected while resolving services")
+            }
+        }
+    }
+
+    /// How often a link that ends while its services resolve is tried (see `connect`).
+    static let connectAttempts = 2
+
+    private func connectOnce(path: String, peer: DeviceAddress, deadline: Duration) async throws -> BlueZLink {
+        let link = BlueZLink(central: self, peer: peer, path: path)
         do {
             if objects.isConnected(path) {
                 // A link someone left up (another process, or one that exited before its
@@ -98,6 +118,7 @@ public final class BlueZCentral: CentralRadio, @unchecked Sendable {
             try await link.waitForServices(until: deadline)
         } catch {
             await link.disconnect()
+            if error is BlueZLink.EndedWhileResolving { throw error }
             switch BlueZ.radioError(error) {
             case .timedOut: throw RadioError.timedOut
             case .stack(let name, let message): throw RadioError.connectionFailed("\(name): \(message)")
@@ -170,13 +191,16 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         resolvedSignal.continuation.finish()
     }
 
+    /// The link ended before BlueZ resolved its services; `BlueZCentral.connect` tries again.
+    enum EndedWhileResolving: Error { case ended }
+
     func waitForServices(until deadline: Duration) async throws {
         let clock = MonotonicClock()
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { [self] in
                 var signals = resolvedSignal.stream.makeAsyncIterator()
                 while central.objects.properties(path, BlueZ.device)?["ServicesResolved"]?.bool != true {
-                    guard await signals.next() != nil else { throw RadioError.connectionFailed("disconnected while resolving services") }
+                    guard await signals.next() != nil else { throw EndedWhileResolving.ended }
                 }
             }
             group.addTask {
