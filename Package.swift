@@ -26,7 +26,6 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
-        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
     ],
     targets: [
         // C libraries from Debian, wrapped as system-library targets.
@@ -94,7 +93,6 @@ let package = Package(
             "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            .product(name: "TOMLKit", package: "TOMLKit"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

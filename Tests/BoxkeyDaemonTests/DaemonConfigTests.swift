@@ -19,9 +19,9 @@ import Testing
         #expect(c.maxConnections == 4)   // untouched keys keep their defaults
     }
 
-    /// Inputs that made TOMLKit's toml++ abort the process (Fuzz/regressions/) and their kin:
-    /// each is an error naming the line, never a crash.
-    @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3",
+    /// Inputs that made the TOML library used before (TOMLKit's toml++) abort the process, and
+    /// their kin: each is an error naming the line, never a crash.
+    @Test(arguments: ["[)x]", "[box]\nid = \"48\\n21\"", "[box\nid = 1", "[box]\nid = \"48\\q21\"", "id = [1, \"a\"]", "= 3", "[box]\nid = 'x'", "[Box]", "key = tru", "k = 1.2.3",
                      "#[b\r\n[@b\r\n", "#[b\r\n[#+", "# a\r[)x]", "[box]\u{7}",
                      "[presence]\ngrace_s = 6666666666666666666666666666666666666666666666666666666666662.5",
                      "[pam]\nallowed_uids = [207, 1444444444001]", "[pam]\nallowed_uids = [4294967295]", "[pam]\nallowed_uids = [-1]"])
@@ -34,9 +34,95 @@ import Testing
     }
 
     @Test func unknownKeysAndBadValuesAreNamed() {
-        #expect(throws: DaemonConfig.Error("config: unknown key typo in [radio]")) { try DaemonConfig.parse("[radio]\ntypo = 1") }
-        #expect(throws: DaemonConfig.Error("config: [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")) {
+        #expect(throws: DaemonConfig.Error("config line 2: unknown key typo in [radio]")) { try DaemonConfig.parse("[radio]\ntypo = 1") }
+        #expect(throws: DaemonConfig.Error("config line 3: [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")) {
             try DaemonConfig.parse("[presence]\nrssi_lock_dbm = -60\nrssi_return_dbm = -70")
         }
+    }
+
+    @Test func pamServicesAreFileNames() throws {
+        #expect(try DaemonConfig.parse("[pam]\nservices = [\"login\", \"gdm-password\"]").phoneLoginServices == ["login", "gdm-password"])
+        #expect(throws: DaemonConfig.Error("config line 2: [pam] services: \"../sudo\" is not a PAM service name")) {
+            try DaemonConfig.parse("[pam]\nservices = [\"login\", \"../sudo\"]")
+        }
+        #expect(throws: DaemonConfig.Error("config line 2: [pam] services must be a list of PAM service names")) {
+            try DaemonConfig.parse("[pam]\nservices = \"login\"")
+        }
+    }
+}
+
+/// The syntax of boxkeyd.conf on its own: what TOML allows in a flat file parses as TOML says,
+/// the rest is an error naming the line.
+@Suite struct ConfigFileTests {
+    func values(_ text: String) throws -> [String: ConfigFile.Value] {
+        let file = try ConfigFile.parse(text)
+        var out: [String: ConfigFile.Value] = [:]
+        for s in file.sections { for (k, e) in s.entries { out["\(s.name).\(k)"] = e.value } }
+        return out
+    }
+
+    @Test func tomlValuesParseAsTOMLSaysTheyDo() throws {
+        let v = try values(#"""
+            # a comment, then blank lines
+
+            [ a ]   # spaces in the header
+            basic = "tab\tquote\"back\\u\u00e9U\U0001F511"
+            literal = 'C:\no\escapes'
+            int = -1_000
+            plus = +7
+            zero = 0
+            float = 2.5e-1
+            exp = 1E3
+            yes = true
+            no = false
+            list = [ 1, 2,
+                     3, # a comment inside a list
+                   ]
+            empty = []
+            strings = ["x", 'y']
+            [b]
+            key-with_dashes = 1
+            """#)
+        #expect(v["a.basic"] == .string("tab\tquote\"back\\u\u{e9}U\u{1F511}"))
+        #expect(v["a.literal"] == .string(#"C:\no\escapes"#))
+        #expect(v["a.int"] == .integer(-1000) && v["a.plus"] == .integer(7) && v["a.zero"] == .integer(0))
+        #expect(v["a.float"] == .float(0.25) && v["a.exp"] == .float(1000))
+        #expect(v["a.yes"] == .bool(true) && v["a.no"] == .bool(false))
+        #expect(v["a.list"] == .array([.integer(1), .integer(2), .integer(3)]) && v["a.empty"] == .array([]))
+        #expect(v["a.strings"] == .array([.string("x"), .string("y")]))
+        #expect(v["b.key-with_dashes"] == .integer(1))
+    }
+
+    @Test(arguments: [
+        ("[a]\nk = 1\nk = 2", 3, "k appears twice in [a]"),
+        ("[a]\n[a]", 2, "section [a] appears twice (TOML allows a table to be defined once)"),
+        ("k = 1", 1, "k is outside any [section]"),
+        ("[a]\nx.y = 1", 2, "dotted keys are not used in boxkeyd.conf: write [section] and key = value"),
+        ("[a.b]", 1, "dotted section names are not used in boxkeyd.conf"),
+        ("[[a]]", 1, "arrays of tables ([[…]]) are not used in boxkeyd.conf"),
+        ("[a]\n\"k\" = 1", 2, "quoted names are not used in boxkeyd.conf"),
+        ("[a]\nk = { x = 1 }", 2, "inline tables are not used in boxkeyd.conf"),
+        ("[a]\nk = \"\"\"x\"\"\"", 2, "multi-line strings are not used in boxkeyd.conf"),
+        ("[a]\nk = 0x1f", 2, "write 0x1f in decimal"),
+        ("[a]\nk = 1979-05-27", 2, "not a number: 1979-05-27"),
+        ("[a]\nk = 012", 2, "leading zeros are not allowed: 012"),
+        ("[a]\nk = 1__0", 2, "not a number: 1__0"),
+        ("[a]\nk = 1.", 2, "not a number: 1."),
+        ("[a]\nk = inf", 2, "not a value: 'i' (strings need quotes)"),
+        ("[a]\nk = 99999999999999999999", 2, "99999999999999999999 is out of range"),
+        ("[a]\nk = \"open", 2, "a string is not closed with \""),
+        ("[a]\nk = \"open\nj = 1", 2, "a string is not closed with \" on its line"),
+        ("[a]\nk = \"\\ud800\"", 2, "a \\u or \\U escape needs 4 hex digits naming a Unicode scalar"),
+        ("[a]\nk = [1, 2", 2, "an array is not closed with ]"),
+        ("[a]\nk = [1 2]", 2, "expected , or ] in an array, found '2'"),
+        ("[a]\nk = [[[[[1]]]]]", 2, "arrays nested too deep"),
+        ("[a]\nk = 1 2", 2, "unexpected '2' after the value"),
+        ("[a]\nk =", 2, "a value is missing"),
+        ("[a]\r\nk = 1\r[b]", 2, "a carriage return without a line feed"),
+        ("[a] # bell \u{7}", 1, "control character byte 0x07 in a comment"),
+        ("[a]\nk = \"\u{0}\"", 2, "control character byte 0x00 in a string"),
+    ] as [(String, Int, String)])
+    func errorsNameTheLine(_ text: String, _ line: Int, _ message: String) {
+        #expect(throws: ConfigFile.SyntaxError(line: line, message: message)) { try ConfigFile.parse(text) }
     }
 }
