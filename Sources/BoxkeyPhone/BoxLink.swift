@@ -45,8 +45,47 @@ public actor BoxLink {
         do {
             link = try await radio.connect(to: box.address, timeout: timeout)
             _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+        } catch {
+            throw Failure.radio("\(error)")
+        }
+        return try await handshake(on: link, box: box, boxKey: boxKey, identity: identity, pairingCode: pairingCode, timeout: timeout)
+    }
+
+    /// Pairing over one connection: reads the box's Info (the key it claims, and its ID, which
+    /// `check` looks at), then runs the pairing handshake under `code`, which proves that key.
+    /// One connection, not one for Info and another for the handshake: a link set up right
+    /// after another to the same box ended was sometimes dropped by BlueZ in the lab.
+    public static func openForPairing(to box: HeardBox, identity: PhoneIdentity, radio: any CentralRadio, code: PairingCode,
+                                      timeout: Duration = .seconds(10),
+                                      check: (BoxInfo) throws -> Void) async throws -> (BoxInfo, BoxLink) {
+        let link: any CentralLink
+        do {
+            link = try await radio.connect(to: box.address, timeout: timeout)
+        } catch {
+            throw Failure.radio("\(error)")
+        }
+        let info: BoxInfo
+        do {
+            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            info = try BoxInfo.decode(try await link.read(BoxkeyProtocol.infoCharacteristicUUID))
+            try check(info)
+        } catch {
+            await link.disconnect()
+            if let e = error as? BoxInfo.DecodeError { throw Failure.protocolError("bad box info: \(e)") }
+            if error is RadioError { throw Failure.radio("\(error)") }
+            throw error
+        }
+        return (info, try await handshake(on: link, box: box, boxKey: info.staticKey, identity: identity, pairingCode: code, timeout: timeout))
+    }
+
+    /// Subscribes on a connected, discovered link and runs the handshake; the link is closed
+    /// when that fails.
+    private static func handshake(on link: any CentralLink, box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity,
+                                  pairingCode: PairingCode?, timeout: Duration) async throws -> BoxLink {
+        do {
             try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
         } catch {
+            await link.disconnect()
             throw Failure.radio("\(error)")
         }
         let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement,
@@ -82,28 +121,6 @@ public actor BoxLink {
         let first: [UInt8]
         do { first = try connection.start() } catch { throw Failure.protocolError("\(error)") }
         try await write(first)
-    }
-
-    /// Reads the box's Info characteristic (for pairing, before any key is pinned).
-    public static func readInfo(of box: HeardBox, radio: any CentralRadio, timeout: Duration = .seconds(10)) async throws -> BoxInfo {
-        do {
-            let link = try await radio.connect(to: box.address, timeout: timeout)
-            let value: [UInt8]
-            do {
-                _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
-                value = try await link.read(BoxkeyProtocol.infoCharacteristicUUID)
-            } catch {
-                await link.disconnect()
-                throw error
-            }
-            // Awaited: a process that exits right after (pairing) must not leave the link up.
-            await link.disconnect()
-            return try BoxInfo.decode(value)
-        } catch let e as BoxInfo.DecodeError {
-            throw Failure.protocolError("bad box info: \(e)")
-        } catch {
-            throw Failure.radio("\(error)")
-        }
     }
 
     public func send(_ message: AppMessage) async throws {

@@ -11,15 +11,14 @@ extension Phone {
             throw PhoneFailure(.failure, "box \(id) is already paired; use --replace to pair again (a reinstalled box)")
         }
         let heard = try await find(id, pinned: nil, radio: radio, searchTime: Self.searchTime, progress: progress)
-        let info: BoxInfo
-        do { info = try await BoxLink.readInfo(of: heard, radio: radio) } catch {
-            throw PhoneFailure(.radioUnavailable, "cannot read box \(id): \(error)")
-        }
-        guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
         // The key Info claims is unauthenticated; the handshake under the code proves it.
-        let link: BoxLink
+        let info: BoxInfo, link: BoxLink
         do {
-            link = try await BoxLink.open(to: heard, boxKey: info.staticKey, identity: identity, radio: radio, pairingCode: code)
+            (info, link) = try await BoxLink.openForPairing(to: heard, identity: identity, radio: radio, code: code) { info in
+                guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
+            }
+        } catch let f as PhoneFailure {
+            throw f
         } catch BoxLink.Failure.radio(let s) {
             throw PhoneFailure(.radioUnavailable, "cannot pair with box \(id): \(s)")
         } catch {
