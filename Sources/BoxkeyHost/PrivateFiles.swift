@@ -47,6 +47,28 @@ public enum PrivateFiles {
         syncDirectory(of: path)
     }
 
+    /// The whole of `path`, or nil when there is no such file. Any other failure (no permission,
+    /// too many open files, an I/O error) is an error, never "missing": a caller that creates
+    /// the file when it is missing (a phone's key) must not replace one it merely could not read.
+    public static func read(_ path: String) throws(Failure) -> [UInt8]? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw Failure("cannot read \(path): \(errnoText())")
+        }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        defer { chunk.withUnsafeMutableBytes { _ = memset($0.baseAddress!, 0, $0.count) } }
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
+            if n < 0, errno == EINTR { continue }
+            guard n >= 0 else { throw Failure("cannot read \(path): \(errnoText())") }
+            if n == 0 { return out }
+            out += chunk[0..<n]
+        }
+    }
+
     /// Removes `path` and makes the removal durable. Missing is fine.
     public static func remove(_ path: String) throws(Failure) {
         guard unlink(path) == 0 || errno == ENOENT else { throw Failure("cannot remove \(path): \(errnoText())") }

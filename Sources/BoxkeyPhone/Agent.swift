@@ -36,6 +36,8 @@ public actor Agent {
     private var presence: PresenceLink?
     private var busy = false
     private var stopRequested = false
+    /// Told whether credentials are held, whenever that changes (`AgentServer`'s sleep inhibitor).
+    private var holdingObserver: (@Sendable (Bool) async -> Void)?
     /// Link work that outlives a request: presence links to run, and links to detach and
     /// close once the answer is out. `AgentServer` runs them in its task group.
     enum LinkJob: Sendable { case presence(PresenceLink), detachAndClose(BoxLink) }
@@ -52,8 +54,14 @@ public actor Agent {
 
     public var isStopRequested: Bool { stopRequested }
 
+    /// Sets who is told whether credentials are held, and tells it now.
+    public func onHoldingChanged(_ observer: @escaping @Sendable (Bool) async -> Void) async {
+        holdingObserver = observer
+        await observer(held != nil)
+    }
+
     /// Opens the vault with `pin` and holds the credentials. The attempt is counted as any.
-    public func unlock(pin: SecureBytes?) throws(PhoneFailure) {
+    public func unlock(pin: SecureBytes?) async throws(PhoneFailure) {
         var vault = try phone.vault()
         do {
             let (user, password) = try vault.credentials(pin: pin, now: vaultNow())
@@ -64,18 +72,20 @@ public actor Agent {
         } catch {
             throw PhoneFailure(.failure, "\(error)")
         }
+        await holdingObserver?(true)
     }
 
     /// Drops the credentials (the presence link stays: it carries no secret).
-    public func forget(_ why: String) {
+    public func forget(_ why: String) async {
         guard held != nil else { return }
         held = nil  // SecureBytes zeroes and frees its pages
         log("credentials dropped (\(why))")
+        await holdingObserver?(false)
     }
 
     /// Called about once a second: the lifetime runs out here.
-    public func tick() {
-        if let held, clock.now >= held.until { forget("lifetime over") }
+    public func tick() async {
+        if let held, clock.now >= held.until { await forget("lifetime over") }
     }
 
     public func status() -> AgentStatus {
@@ -91,32 +101,41 @@ public actor Agent {
             reply(.result(.success, message: statusText(), details: Self.json(status())))
         case .unlock(let pin):
             do {
-                try unlock(pin: pin)
+                try await unlock(pin: pin)
                 reply(.result(.success, message: "unlocked", details: ""))
             } catch {
                 reply(.result(error.outcome, message: error.message, details: ""))
             }
         case .forget:
-            forget("asked to")
+            await forget("asked to")
             reply(.result(.success, message: "The agent dropped the credentials.", details: ""))
         case .stop:
             stopRequested = true
-            forget("stopping")
+            await forget("stopping")
             presence?.leave(detach: false)
             linkJobContinuation.finish()
             reply(.result(.success, message: "Agent stopped.", details: ""))
         case .login(let box, let stay):
             await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
         case .act(let action, let box):
-            // The person is leaving: the credentials go now, even if the agent is busy.
-            if action == .lock { forget("boxkey lock") }
-            await exclusive(reply) { try await self.act(action, box: box) }
+            // The person is leaving: the credentials go now, even if the agent is busy; the
+            // lock itself waits for the job in hand (a login) rather than being refused.
+            if action == .lock { await forget("boxkey lock") }
+            await exclusive(reply, waitUpTo: Self.actionWait) { try await self.act(action, box: box) }
         }
     }
 
-    /// One radio job at a time: a second waits for nothing, it is told the agent is busy.
-    /// A job that returns nil has replied itself.
-    private func exclusive(_ reply: @Sendable (AgentReply) -> Void, _ job: () async throws -> AgentReply?) async {
+    /// How long a lock or logout waits for a radio job in hand (a login: its search and answer).
+    static let actionWait: Duration = .seconds(30)
+
+    /// One radio job at a time: a second waits up to `waitUpTo` for the first, else it is told
+    /// the agent is busy. A job that returns nil has replied itself.
+    private func exclusive(_ reply: @Sendable (AgentReply) -> Void, waitUpTo wait: Duration = .zero,
+                           _ job: () async throws -> AgentReply?) async {
+        let deadline = clock.now + wait
+        while busy, clock.now < deadline, !stopRequested {
+            try? await Task.sleep(for: .milliseconds(50))
+        }
         guard !busy else { reply(.result(.failure, message: "the agent is busy with another request; try again", details: "")); return }
         busy = true
         defer { busy = false }
@@ -128,11 +147,11 @@ public actor Agent {
     }
 
     private func login(_ box: BoxID?, stay: Bool, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply? {
-        tick()
+        await tick()
         guard let held else {
             let vault = try phone.vault()
             guard vault.hasPIN else {
-                try unlock(pin: nil)
+                try await unlock(pin: nil)
                 return try await login(box, stay: stay, reply: reply)
             }
             return .needPIN

@@ -4,16 +4,26 @@ import CBoxkeySys
 import Foundation
 import NIOCore
 import NIOPosix
+import Synchronization
 
 /// Puts an `Agent` on `$XDG_RUNTIME_DIR/boxkey/agent.sock`: the directory is 0700 and the
 /// socket 0600, and every connection's peer must be this user (SO_PEERCRED). One request per
 /// connection. Besides the socket it runs the agent's clock (the credentials' lifetime), its
 /// presence links, and a watch on logind's `PrepareForSleep` that drops the credentials before
-/// the machine suspends.
+/// the machine suspends (holding a logind "delay" inhibitor while it holds credentials, so
+/// the suspend waits for that).
 public struct AgentServer: Sendable {
     let agent: Agent
     let path: String
     let log: @Sendable (String) -> Void
+    private let stops = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+
+    /// Stops the agent (as `boxkey agent stop` does): a presence link it holds ends as walking
+    /// away, the credentials go, and `run` returns.
+    public func stop() async {
+        await agent.handle(.stop) { _ in }
+        stops.continuation.yield()
+    }
 
     public init(agent: Agent, dirs: PhoneDirectories, log: @escaping @Sendable (String) -> Void) throws(PhoneFailure) {
         do { try dirs.ensureRuntime() } catch { throw PhoneFailure(.failure, "\(error)") }
@@ -31,8 +41,10 @@ public struct AgentServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(AgentFrameDecoder()))
                 }
             }
+            // Replacing a socket file is safe: the caller holds `AgentInstance`, so none of
+            // this user's agents serves on it (it is a crashed one's).
             .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
-                channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel) }
+                channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<DecodedRequest, ByteBuffer>(wrappingChannelSynchronously: channel) }
             }
         chmod(path, 0o600)
         // The suspend watch is in place before the agent says it is ready: a suspend right
@@ -52,11 +64,13 @@ public struct AgentServer: Sendable {
                 }
             }
             group.addTask {
-                while !Task.isCancelled, !(await agent.isStopRequested) {
+                while !Task.isCancelled {
                     try await Task.sleep(for: .seconds(1))
                     await agent.tick()
                 }
             }
+            // A stop ends the run once its answer is out (`serve`), or at once from a signal.
+            group.addTask { for await _ in stops.stream { return } }
             group.addTask {
                 await withDiscardingTaskGroup { links in
                     for await job in agent.linkJobs {
@@ -68,13 +82,13 @@ public struct AgentServer: Sendable {
                 }
             }
             group.addTask { await watchSleep(sleepSignals) }
-            // The clock task ends on `stop`; everything else goes with it.
+            // The stop task ends on `stop`; everything else goes with it.
             _ = try await group.next()
             group.cancelAll()
         }
     }
 
-    private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
+    private func serve(_ connection: NIOAsyncChannel<DecodedRequest, ByteBuffer>) async {
         guard let provider = connection.channel as? SocketOptionProvider,
               let peer: boxkey_ucred = try? await provider.unsafeGetSocketOption(
                 level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get(),
@@ -85,10 +99,8 @@ public struct AgentServer: Sendable {
         }
         try? await connection.executeThenClose { inbound, outbound in
             var iterator = inbound.makeAsyncIterator()
-            guard var frame = try await iterator.next() else { return }
-            let decoded = frame.withUnsafeReadableBytes { bytes in Result { () throws(AgentWire.DecodeError) in try AgentRequest.decode(bytes) } }
-            // The frame may hold a PIN: zero NIO's copy now that it is in secure memory.
-            frame.withUnsafeMutableReadableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) }
+            guard let decoded = try await iterator.next() else { return }
+            var stopping = false
             let (replies, continuation) = AsyncStream.makeStream(of: AgentReply.self)
             try await withThrowingTaskGroup(of: Void.self) { group in
                 switch decoded {
@@ -96,6 +108,7 @@ public struct AgentServer: Sendable {
                     continuation.yield(.result(.failure, message: "malformed request: \(error)", details: ""))
                     continuation.finish()
                 case .success(let request):
+                    if case .stop = request { stopping = true }
                     group.addTask {
                         await agent.handle(request) { reply in
                             continuation.yield(reply)
@@ -109,6 +122,8 @@ public struct AgentServer: Sendable {
                 }
                 try await group.waitForAll()
             }
+            // The answer to `stop` is out: now the agent may end.
+            if stopping { stops.continuation.yield() }
         }
     }
 
@@ -131,12 +146,22 @@ public struct AgentServer: Sendable {
         }
     }
 
-    /// Drops the credentials when logind announces a suspend.
+    /// Drops the credentials when logind announces a suspend. While credentials are held, a
+    /// logind "delay" inhibitor makes the suspend wait (up to logind's InhibitDelayMaxSec) until
+    /// they are gone; without it the machine could sleep, or hibernate to disk, first.
     private func watchSleep(_ subscription: (DBusConnection, AsyncStream<DBusMessage>)?) async {
         if let (bus, signals) = subscription {
             defer { bus.close() }
-            for await signal in signals where signal.arguments.first?.bool == true {
-                await agent.forget("the machine is going to sleep")
+            let inhibitor = SleepInhibitor(bus: bus, log: log)
+            await agent.onHoldingChanged { holding in
+                if holding { await inhibitor.take() } else { inhibitor.release() }
+            }
+            defer { inhibitor.release() }
+            for await signal in signals {
+                if signal.arguments.first?.bool == true {
+                    await agent.forget("the machine is going to sleep")
+                    inhibitor.release()  // forget released it already; never keep a suspend waiting
+                }
             }
             // The bus went away: a suspend would go unnoticed from now on, so fail safe.
             if !Task.isCancelled {
@@ -149,16 +174,73 @@ public struct AgentServer: Sendable {
     }
 }
 
-/// Two-byte length, then the body (`AgentWire`).
+typealias DecodedRequest = Result<AgentRequest, AgentWire.DecodeError>
+
+/// Two-byte length, then the body (`AgentWire`), decoded where NIO received it.
 struct AgentFrameDecoder: ByteToMessageDecoder {
-    typealias InboundOut = ByteBuffer
+    typealias InboundOut = DecodedRequest
 
     mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self) else { return .needMoreData }
-        guard length > 0, Int(length) <= AgentWire.maxFrameLength else { throw AgentWire.DecodeError.truncated }
-        guard buffer.readableBytes >= 2 + Int(length) else { return .needMoreData }
-        buffer.moveReaderIndex(forwardBy: 2)
-        context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: Int(length))!))
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self).map(Int.init) else { return .needMoreData }
+        guard length > 0, length <= AgentWire.maxFrameLength else { throw AgentWire.DecodeError.truncated }
+        guard buffer.readableBytes >= 2 + length else { return .needMoreData }
+        let decoded = buffer.withUnsafeReadableBytes { bytes in
+            let body = UnsafeRawBufferPointer(rebasing: bytes[2..<(2 + length)])
+            defer {
+                // The body may hold a PIN, which is in secure memory now. Zero it in NIO's own
+                // storage: that storage is shared with the socket's read buffer, so a mutating
+                // accessor would zero a private copy and leave the original in the heap.
+                UnsafeMutableRawBufferPointer(mutating: body).initializeMemory(as: UInt8.self, repeating: 0)
+            }
+            return Result { () throws(AgentWire.DecodeError) in try AgentRequest.decode(body) }
+        }
+        buffer.moveReaderIndex(forwardBy: 2 + length)
+        context.fireChannelRead(wrapInboundOut(decoded))
         return .continue
+    }
+}
+
+/// A logind "delay" inhibitor for sleep (org.freedesktop.login1.Manager.Inhibit): an open file
+/// descriptor that makes a suspend wait until it is closed.
+final class SleepInhibitor: Sendable {
+    private let bus: DBusConnection
+    private let log: @Sendable (String) -> Void
+    /// The inhibitor's descriptor (-1: none), and whether one is wanted: a `release` that
+    /// comes while `take` waits for logind wins.
+    private let state = Mutex<(fd: Int32, wanted: Bool)>((-1, false))
+
+    init(bus: DBusConnection, log: @escaping @Sendable (String) -> Void) {
+        self.bus = bus
+        self.log = log
+    }
+
+    func take() async {
+        let needed = state.withLock { s -> Bool in
+            s.wanted = true
+            return s.fd < 0
+        }
+        guard needed else { return }
+        do {
+            let reply = try await bus.call("org.freedesktop.login1", "/org/freedesktop/login1", "org.freedesktop.login1.Manager", "Inhibit",
+                                           [.string("sleep"), .string("boxkey agent"), .string("drops the held credentials before the machine sleeps"), .string("delay")],
+                                           timeout: .seconds(5))
+            guard case .unixFD(let taken)? = reply.first, taken >= 0 else { throw PhoneError("no file descriptor in the reply") }
+            let kept = state.withLock { s -> Bool in
+                guard s.wanted, s.fd < 0 else { return false }
+                s.fd = taken
+                return true
+            }
+            if !kept { close(taken) }
+        } catch {
+            log("cannot delay suspends until the credentials are dropped (logind Inhibit: \(error))")
+        }
+    }
+
+    func release() {
+        let old = state.withLock { s -> Int32 in
+            defer { s = (-1, false) }
+            return s.fd
+        }
+        if old >= 0 { close(old) }
     }
 }

@@ -27,7 +27,8 @@ public struct PairedBoxes: Sendable {
     public static func load(_ dirs: PhoneDirectories) throws -> PairedBoxes {
         try dirs.ensure()
         var b = PairedBoxes(path: dirs.config + "/boxes.json")
-        if let data = FileManager.default.contents(atPath: b.path) {
+        if let bytes = try PrivateFiles.read(b.path) {
+            let data = Data(bytes)
             let decoder = JSONDecoder()
             decoder.dateDecodingStrategy = .iso8601
             do { b.file = try decoder.decode(File.self, from: data) } catch {

@@ -5,7 +5,8 @@ import Foundation
 /// - `$XDG_CONFIG_HOME/boxkey`: its key (`phone.key`), the pinned boxes (`boxes.json`);
 /// - `$XDG_DATA_HOME/boxkey`: the vault;
 /// - `$XDG_STATE_HOME/boxkey`: the agent's log;
-/// - `$XDG_RUNTIME_DIR/boxkey`: the agent's socket (else `/tmp/boxkey-UID`, checked to be ours).
+/// - `$XDG_RUNTIME_DIR/boxkey`: the agent's socket; without a runtime directory,
+///   `$XDG_STATE_HOME/boxkey/run` (not a name in /tmp, which another user could take first).
 public struct PhoneDirectories: Sendable {
     public let config: String
     public let data: String
@@ -23,7 +24,7 @@ public struct PhoneDirectories: Sendable {
         if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty {
             self.runtime = runtime + "/boxkey"
         } else {
-            self.runtime = "/tmp/boxkey-\(getuid())"
+            self.runtime = state + "/run"
         }
     }
 
@@ -31,8 +32,7 @@ public struct PhoneDirectories: Sendable {
         for d in [config, data] { try PrivateFiles.ensureDirectory(d) }
     }
 
-    /// The runtime directory, created 0700; an existing one must be a directory this user owns
-    /// (under /tmp another user could have made it first).
+    /// The runtime directory, created 0700; an existing one must be a directory this user owns.
     public func ensureRuntime() throws(PrivateFiles.Failure) {
         // Checked before anything is done to it: a symlink planted there by another user must
         // not have its target's mode changed.

@@ -17,10 +17,11 @@ public struct PhoneIdentity: Sendable {
     public static func loadOrCreate(_ dirs: PhoneDirectories) throws -> PhoneIdentity {
         try dirs.ensure()
         let path = dirs.config + "/phone.key"
-        if let data = FileManager.default.contents(atPath: path) {
-            guard data.count == 64 else { throw PhoneError("\(path) is corrupt; delete it to make a new phone identity (boxes will see a new phone)") }
-            var bytes = [UInt8](data)
+        // A new identity only when there is no file: one that cannot be read now (permissions,
+        // too many open files) is an error, or boxes and the vault would lose this phone.
+        if var bytes = try PrivateFiles.read(path) {
             defer { secureZero(&bytes) }
+            guard bytes.count == 64 else { throw PhoneError("\(path) is corrupt; delete it to make a new phone identity (boxes will see a new phone)") }
             return PhoneIdentity(keyPair: try KeyPair(privateKey: SecureBytes(copying: Array(bytes[0..<32]))),
                                  deviceSecret: SecureBytes(copying: Array(bytes[32..<64])))
         }

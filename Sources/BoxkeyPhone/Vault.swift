@@ -131,22 +131,25 @@ public struct Vault {
 
     /// Reads the file again (under the lock, the count another process may have moved).
     private mutating func reload() throws {
-        guard FileManager.default.fileExists(atPath: path) else { file = File(); return }
-        guard let data = FileManager.default.contents(atPath: path) else { throw Failure.tampered("cannot read \(path)") }
-        guard let read = try? JSONDecoder().decode(File.self, from: data) else { throw Failure.tampered("not a vault file") }
+        // Unreadable is not tampered: the advice for tampering (clear --force) loses the vault.
+        guard let bytes = try PrivateFiles.read(path) else { file = File(); return }
+        guard let read = try? JSONDecoder().decode(File.self, from: Data(bytes)) else { throw Failure.tampered("not a vault file") }
         guard read.version == 1 else { throw Failure.tampered("unknown version \(read.version)") }
         guard constantTimeEqualHex(read.mac, mac(of: read)) else { throw Failure.tampered("its integrity check failed") }
         file = read
     }
 
-    /// An exclusive `flock` on `vault.lock` for one whole attempt — count, derivation, result —
-    /// so attempts from several processes at once are counted one by one, each seeing the
-    /// count and the delay the others left.
+    /// An exclusive `flock` on the vault's directory for one whole attempt — count,
+    /// derivation, result — so attempts from several processes at once are counted one by one,
+    /// each seeing the count and the delay the others left. The directory, not a lock file:
+    /// a lock file can be unlinked between two attempts, and each would then hold a lock of
+    /// its own (an attacker's review lost counts that way).
     private func lock() throws -> Int32 {
-        let fd = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(path).lock: \(String(cString: strerror(errno)))") }
+        let directory = (path as NSString).deletingLastPathComponent
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(directory): \(String(cString: strerror(errno)))") }
         while flock(fd, LOCK_EX) != 0 {
-            guard errno == EINTR else { close(fd); throw Failure.attemptNotRecorded("cannot lock \(path).lock") }
+            guard errno == EINTR else { close(fd); throw Failure.attemptNotRecorded("cannot lock \(directory)") }
         }
         return fd
     }
@@ -229,10 +232,20 @@ public struct Vault {
         if file.pin != nil, file.failures >= Self.maxFailures { try wipe() }
     }
 
-    private func checkNoDelay(now: Date) throws {
+    private mutating func checkNoDelay(now: Date) throws {
         let wait = Self.delay(afterFailures: file.failures)
-        if wait > 0, let last = file.lastFailure, now.timeIntervalSince1970 < last + wait {
-            throw Failure.lockedOut(until: Date(timeIntervalSince1970: last + wait), failures: file.failures)
+        if wait > 0, var last = file.lastFailure {
+            // A failure recorded in the future (a clock set back, or faked forward for an
+            // earlier attempt) is moved to now, on disk: the owner waits the delay from now,
+            // not until the faked time.
+            if last > now.timeIntervalSince1970 {
+                last = now.timeIntervalSince1970
+                file.lastFailure = last
+                do { try save() } catch { throw Failure.attemptNotRecorded("\(error)") }
+            }
+            guard now.timeIntervalSince1970 >= last + wait else {
+                throw Failure.lockedOut(until: Date(timeIntervalSince1970: last + wait), failures: file.failures)
+            }
         }
     }
 

@@ -71,9 +71,11 @@ enum AgentCommand {
         }
 
         private func serve(_ phone: Phone) async throws {
+            // Before the PIN is used: a second agent must not open the vault at all.
+            let instance = try AgentInstance(phone.dirs)
+            defer { instance.release() }
             let vault = try phone.vault()
             guard vault.hasCredentials, !vault.isWiped else { throw Vault.Failure.noCredentials.asPhoneFailure }
-            let pin = vault.hasPIN ? try Terminal.readPIN() : nil
             let phoneRadio = try await radio.open(phone)
             defer { phoneRadio.shutdown() }
             let detached = detachedChild
@@ -84,13 +86,17 @@ enum AgentCommand {
                 Terminal.say("\(Date().formatted(.iso8601)) \(line)")
             }
             let agent = BoxkeyPhone.Agent(phone: phone, radio: phoneRadio, lifetime: lifetime.duration, log: log)
-            try await agent.unlock(pin: pin)
+            do {
+                // The PIN lives only for the unlock: the agent holds credentials, never the PIN.
+                let pin = vault.hasPIN ? try Terminal.readPIN() : nil
+                try await agent.unlock(pin: pin)
+            }
             let server = try AgentServer(agent: agent, dirs: phone.dirs, log: log)
             let lifetimeText = lifetime.text
             let signals = [SIGINT, SIGTERM, SIGHUP].map { sig in
                 signal(sig, SIG_IGN)
                 let source = DispatchSource.makeSignalSource(signal: sig)
-                source.setEventHandler { Task { await agent.handle(.stop) { _ in } } }
+                source.setEventHandler { Task { await server.stop() } }
                 source.resume()
                 return source
             }

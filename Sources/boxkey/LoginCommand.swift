@@ -33,18 +33,22 @@ extension Boxkey {
                 var vault = try phone.vault()
                 if vault.isWiped { throw Vault.Failure.wiped.asPhoneFailure }
                 guard vault.hasCredentials else { throw Vault.Failure.noCredentials.asPhoneFailure }
-                let pin = vault.hasPIN ? try Terminal.readPIN() : nil
-                let (user, password): (String, SecureBytes)
-                do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
                 let phoneRadio = try await radio.open(phone)
                 defer { phoneRadio.shutdown() }
                 var result: (LoginReport, BoxLink)?
-                while result == nil {
-                    do {
-                        result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
-                                                       progress: { Terminal.progress("looking for box \(boxID)… \($0.components.seconds) s") })
-                    } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
-                        continue
+                do {
+                    // The PIN and the password live only until the push: the presence link
+                    // below may run for hours and needs neither.
+                    let pin = vault.hasPIN ? try Terminal.readPIN() : nil
+                    let (user, password): (String, SecureBytes)
+                    do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
+                    while result == nil {
+                        do {
+                            result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
+                                                           progress: { Terminal.progress("looking for box \(boxID)… \($0.components.seconds) s") })
+                        } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
+                            continue
+                        }
                     }
                 }
                 let (report, link) = result!

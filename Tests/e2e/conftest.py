@@ -58,6 +58,26 @@ def stop_process(p, sig=signal.SIGTERM, grace=5.0):
         return True
 
 
+def memory_count(pid, secret):
+    """How many times `secret` (bytes) is in process `pid`'s readable, writable memory (root
+    reads /proc/PID/mem even of a non-dumpable process)."""
+    hits, chunk = 0, 1 << 24
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if not fields[1].startswith("rw"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            for at in range(start, end, chunk):
+                try:
+                    mem.seek(at)
+                    data = mem.read(min(chunk + len(secret) - 1, end - at))
+                except (OSError, ValueError, OverflowError):
+                    break
+                hits += data.count(secret)
+    return hits
+
+
 def running(pid):
     """Whether `pid` is alive (a zombie is not)."""
     try:
@@ -350,23 +370,8 @@ class World:
         return m.group(1)
 
     def box_memory_count(self, secret):
-        """How many times `secret` (bytes) is in boxkeyd's readable, writable memory (root reads
-        /proc/PID/mem even of a non-dumpable process)."""
-        pid, hits, chunk = self.box_process.pid, 0, 1 << 24
-        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
-            for line in maps:
-                fields = line.split()
-                if not fields[1].startswith("rw"):
-                    continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                for at in range(start, end, chunk):
-                    try:
-                        mem.seek(at)
-                        data = mem.read(min(chunk + len(secret) - 1, end - at))
-                    except (OSError, ValueError, OverflowError):
-                        break
-                    hits += data.count(secret)
-        return hits
+        """How many times `secret` (bytes) is in boxkeyd's readable, writable memory."""
+        return memory_count(self.box_process.pid, secret)
 
     # --- phones ----------------------------------------------------------------------------
     def phone_env(self, who="alice"):
@@ -409,7 +414,7 @@ class World:
         """Pairs a phone with an admin's code and stores its credentials. enrol: the code names the
         user, so the phone is enrolled at pairing; otherwise it is pending until its first login."""
         r = self.pair(self.pairing_code(user if enrol else None), who)
-        assert r.returncode == 0 and "Paired with box 4821" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "Paired with box 4821" in r.stdout, r.stdout + r.stderr + "\n--- box:\n" + self.box_output()[-3000:]
         r = self.phone("credentials", "set", "--user", user, stdin=(password or PASSWORDS[user]) + "\n", who=who)
         assert r.returncode == 0, r.stderr
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import PASSWORD, USERS, wait_for
+from conftest import PASSWORD, USERS, memory_count, wait_for
 
 PIN = "246810"
 HELP = os.path.join(os.path.dirname(__file__), "help")
@@ -404,14 +404,23 @@ def test_suspend_drops_the_credentials(world, agents):
         world.logind.manager.EmitSignal("org.freedesktop.login1.Manager", "PrepareForSleep", "b", [going],
                                         dbus_interface=world.logind.MOCK)
 
+    def sleep_inhibitors():
+        return [(str(i[0]), str(i[1]), str(i[3])) for i in
+                world.logind.manager.ListInhibitors(dbus_interface="org.freedesktop.login1.Manager")]
+
+    # While it holds credentials the agent delays suspends (logind waits for it), so a suspend
+    # cannot overtake the drop; the inhibitor goes with the credentials.
+    wait_for(lambda: sleep_inhibitors() == [("sleep", "boxkey agent", "delay")], timeout=5, what="the agent's delay inhibitor")
     prepare_for_sleep(True)
     wait_for(lambda: agents.status()["credentialsHeld"] is False, timeout=5, what="the agent dropping the credentials")
     assert "credentials dropped (the machine is going to sleep)" in agents.log_text()
+    wait_for(lambda: sleep_inhibitors() == [], timeout=5, what="the inhibitor released")
     # Unlocked again by the next login; waking up (false) drops nothing, the next suspend does.
     greeter = world.greeter()
     assert world.phone("login", "--no-stay", stdin=PIN + "\n").returncode == 0
     assert world.finish(greeter)[0] == 0
     assert agents.status()["credentialsHeld"] is True
+    wait_for(lambda: len(sleep_inhibitors()) == 1, timeout=5, what="the inhibitor taken again")
     prepare_for_sleep(False)
     time.sleep(1)
     assert agents.status()["credentialsHeld"] is True
@@ -492,6 +501,107 @@ def test_agent_stop_ends_the_process(world, agents):
     r = world.phone("agent", "status")
     assert r.returncode == 18, r.stdout + r.stderr
     assert boxkey_processes(world) == []
+
+
+def test_two_agents_started_at_once_leave_one_that_stop_reaches(world, agents):
+    """The check for a running agent and the start are half a second apart (the PIN's
+    Argon2id). Two `agent start` in that window: one agent runs (the other never opens the
+    vault), and `forget` and `stop` reach the one that holds the password."""
+    with_pin(world)
+    starts = [subprocess.Popen([world.bins["boxkey"], "agent", "start"], env=world.phone_env(), stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.communicate(PIN + "\n", timeout=60), p.returncode) for p in starts]
+    for (out, err), _ in results:
+        world.outputs.append(out + err)
+        m = re.search(r"Agent running \(pid (\d+)\)", out)
+        if m:
+            agents.pids.add(int(m.group(1)))
+    assert any(rc == 0 and "Agent running" in out for (out, _), rc in results), results
+    assert len(agents.pids) == 1, results
+    pid = next(iter(agents.pids))
+    assert boxkey_processes(world) == [pid]
+    assert vault_report(world)["failures"] == 0  # the second start tried no PIN
+    assert world.phone("agent", "forget").returncode == 0
+    assert memory_count(pid, PASSWORD.encode()) == 0
+    r = world.phone("agent", "stop")
+    assert r.returncode == 0 and "Agent stopped" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: boxkey_processes(world) == [], timeout=5, what="no agent left")
+
+
+def test_agent_memory_holds_no_pin_or_password_once_dropped(world, agents):
+    """The agent holds the credentials, never the PIN: neither the PIN it was started with nor
+    one sent over its socket stays in its memory, and after `forget` neither does the password."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    pid = agents.status()["pid"]
+    assert memory_count(pid, PIN.encode()) == 0
+    assert world.phone("agent", "forget").returncode == 0
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")  # the PIN goes to the agent over its socket
+    assert r.returncode == 0 and world.finish(greeter)[0] == 0, r.stdout + r.stderr
+    assert agents.status()["credentialsHeld"] is True
+    assert memory_count(pid, PIN.encode()) == 0
+    assert world.phone("agent", "forget").returncode == 0
+    assert memory_count(pid, PASSWORD.encode()) == 0
+    assert memory_count(pid, PIN.encode()) == 0
+
+
+def test_unreadable_phone_key_is_an_error_not_a_new_identity(world):
+    """A phone.key that exists but cannot be read now (permissions here; too many open files or
+    an I/O error elsewhere) must not be replaced by a new key: the boxes know this one, and the
+    vault is bound to it."""
+    world.start_box()
+    world.pair_and_store()
+    key = os.path.join(world.env["XDG_CONFIG_HOME"], "boxkey", "phone.key")
+    before = open(key, "rb").read()
+    mallory = USERS["mallory"]
+    phone_home = os.path.join(world.work, "phone")
+    modes = {world.work: stat.S_IMODE(os.stat(world.work).st_mode)}
+    # The phone's files belong to another account, whose key file it may not read.
+    try:
+        os.chmod(world.work, 0o755)
+        for root, dirs, files in os.walk(phone_home):
+            for name in [root] + [os.path.join(root, f) for f in files]:
+                os.chown(name, mallory, -1)
+        os.chmod(key, 0o000)
+        r = subprocess.run([world.bins["boxkey"], "status"], env=dict(world.phone_env(), HOME=phone_home),
+                           preexec_fn=lambda: os.setuid(mallory), capture_output=True, text=True, timeout=30)
+        world.outputs.append(r.stdout + r.stderr)
+    finally:
+        for root, dirs, files in os.walk(phone_home):
+            for name in [root] + [os.path.join(root, f) for f in files]:
+                os.chown(name, 0, -1)
+        os.chmod(key, 0o600)
+        for p, mode in modes.items():
+            os.chmod(p, mode)
+    assert r.returncode != 0 and "cannot read" in r.stderr and "phone.key" in r.stderr, r.stdout + r.stderr
+    assert open(key, "rb").read() == before
+    assert world.phone("status").returncode == 0
+
+
+def test_lock_waits_for_the_agents_login_in_hand(world, agents):
+    """`boxkey lock` while the agent is busy with a login (here the stack takes 3 s to give its
+    verdict): the credentials go at once, and the lock is done once the login is over instead
+    of being refused as busy."""
+    world.start_box()
+    world.pair_and_store()
+    assert agents.start().returncode == 0
+    slow = [world.module_line(), "auth optional pam_exec.so quiet /bin/sleep 3", world.matrix_line()]
+    greeter = world.greeter("authenticate", "open_session", auth=slow)
+    connected = world.box_output().count("connected ")
+    login = subprocess.Popen([world.bins["boxkey"], "login", "--no-stay"], env=world.phone_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: world.box_output().count("connected ") > connected, timeout=20, what="the agent's link to the box")
+    time.sleep(0.5)  # the push is in the stack now, which takes 3 s to answer
+    r = world.phone("lock", timeout=60)
+    out, err = login.communicate(timeout=60)
+    world.outputs.append(out + err)
+    assert world.finish(greeter)[0] == 0
+    assert login.returncode == 0 and "Logged in to box 4821" in out, out + err
+    assert r.returncode == 0 and "Locked your session on box 4821" in r.stdout, r.stdout + r.stderr
+    assert "credentials dropped (boxkey lock)" in agents.log_text()
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), what="LockSession")
+    assert agents.status()["credentialsHeld"] is False
 
 
 def test_search_shows_progress_and_offers_to_search_again_on_a_terminal(world):
