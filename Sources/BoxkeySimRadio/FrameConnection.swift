@@ -1,6 +1,5 @@
 import Foundation
 import NIOCore
-import NIOExtras
 import NIOPosix
 import Synchronization
 
@@ -66,8 +65,11 @@ final class FrameConnection: Sendable {
     }
 
     func send(_ frame: SimFrame) {
-        guard let data = try? JSONEncoder().encode(frame) else { return }
-        channel.writeAndFlush(ByteBuffer(bytes: data), promise: nil)
+        guard let data = try? JSONEncoder().encode(frame), data.count <= SimFrameDecoder.maxLength else { return }
+        var buffer = channel.allocator.buffer(capacity: 4 + data.count)
+        buffer.writeInteger(UInt32(data.count))
+        buffer.writeBytes(data)
+        channel.writeAndFlush(buffer, promise: nil)
     }
 
     func close() {
@@ -78,8 +80,7 @@ final class FrameConnection: Sendable {
     static func configure(_ channel: any Channel) -> EventLoopFuture<FrameConnection> {
         let (stream, continuation) = AsyncStream.makeStream(of: SimFrame.self)
         return channel.eventLoop.makeCompletedFuture {
-            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .thirtyTwoBits)))
-            try channel.pipeline.syncOperations.addHandler(LengthFieldPrepender(lengthFieldBitLength: .thirtyTwoBits))
+            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(SimFrameDecoder()))
             try channel.pipeline.syncOperations.addHandler(FrameReader(continuation: continuation))
             return FrameConnection(channel: channel, frames: stream)
         }
@@ -90,6 +91,25 @@ final class FrameConnection: Sendable {
             .connect(unixDomainSocketPath: path)
             .flatMap { configure($0) }
             .get()
+    }
+}
+
+/// A 4-byte big-endian length, then that many bytes of JSON.
+struct SimFrameDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+    /// Far above any frame (a notification is at most 512 bytes of value): a peer announcing
+    /// more is not a simulated radio, and its connection is closed.
+    static let maxLength = 1 << 20
+
+    struct FrameTooLong: Error {}
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self).map(Int.init) else { return .needMoreData }
+        guard length <= Self.maxLength else { throw FrameTooLong() }
+        guard buffer.readableBytes >= 4 + length else { return .needMoreData }
+        buffer.moveReaderIndex(forwardBy: 4)
+        context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: length)!))
+        return .continue
     }
 }
 
