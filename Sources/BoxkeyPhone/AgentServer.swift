@@ -80,6 +80,8 @@ public struct AgentServer: Sendable {
                         }
                     }
                 }
+                // The jobs end at `stop`, before its answer is out: the run ends on `stops`.
+                while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
             }
             group.addTask { await watchSleep(sleepSignals) }
             // The stop task ends on `stop`; everything else goes with it.
