@@ -109,6 +109,9 @@ public enum Daemon {
         }
         switch choice {
         case .simulated(let directory):
+            if config.radio == .auto {
+                logger.notice("no Bluetooth adapter: [radio] backend = \"auto\" uses the simulated radio, which no phone on real Bluetooth hears")
+            }
             var parameters = SimulationParameters()
             parameters.seed = UInt64(getpid())
             do { return BoxRadio(air: try RadioChoice.openSimulatedAir(directory, parameters: parameters), position: config.simPosition) } catch {

@@ -12,7 +12,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var boxID: BoxID?
     public var stateDirectory = "/var/lib/boxkey"
     // [radio]
-    public var radio: RadioBackend = .auto
+    /// BlueZ unless the file asks for another: an installed box waits for its adapter rather
+    /// than serving a simulated radio no phone can hear.
+    public var radio: RadioBackend = .bluez
     public var adapter = ""
     public var advertisingInterval: Duration = .milliseconds(100)
     public var nonceRotation: Duration = .seconds(60)

@@ -6,8 +6,8 @@ import Foundation
 extension RadioChoice.Backend: ExpressibleByArgument {}
 
 struct RadioOptions: ParsableArguments {
-    @Option(help: "Radio: auto, simulated or bluez (default $BOXKEY_RADIO or auto). auto uses BlueZ when it has an adapter, the simulated radio otherwise.")
-    var radio: RadioChoice.Backend = ProcessInfo.processInfo.environment["BOXKEY_RADIO"].flatMap(RadioChoice.Backend.init) ?? .auto
+    @Option(help: "Radio: bluez, simulated or auto (default $BOXKEY_RADIO or bluez). auto uses BlueZ when it has an adapter, else the simulated radio, and says so.")
+    var radio: RadioChoice.Backend = ProcessInfo.processInfo.environment["BOXKEY_RADIO"].flatMap(RadioChoice.Backend.init) ?? .bluez
 
     @Option(help: "BlueZ: the adapter to use, e.g. hci1 (default $BOXKEY_ADAPTER or the first).")
     var adapter: String? = ProcessInfo.processInfo.environment["BOXKEY_ADAPTER"]
@@ -19,7 +19,12 @@ struct RadioOptions: ParsableArguments {
     var simPosition = 1.0
 
     func open(_ phone: Phone) async throws -> PhoneRadio {
-        try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
+        let opened = try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
+        if radio == .auto, opened.simulated != nil {
+            // Never silently: a box on real Bluetooth cannot hear this phone now.
+            FileHandle.standardError.write(Data("boxkey: no Bluetooth adapter; --radio auto uses the simulated radio\n".utf8))
+        }
+        return opened
     }
 
     /// The same options, to pass to a child process (`agent start`).
