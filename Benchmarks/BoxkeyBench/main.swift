@@ -342,7 +342,7 @@ func idleDaemon(boxkeyd: String) throws {
     // Threads alive at both ends of the window; a thread that started in it counts in full.
     let switches = c1.reduce(0) { $0 + $1.value - (c0[$1.key] ?? 0) }
     let perSecond = Double(switches) / Double(window)
-    row("5c. idle boxkeyd wake-ups", String(format: "%.2f per second over %d s (all threads' context switches; nonce rotation every 15 min)", perSecond, window),
+    row("5c. idle boxkeyd wake-ups", String(format: "%.2f per second over %d s (all threads' context switches; nonce rotation every 60 s)", perSecond, window),
         "none beyond nonce rotation", perSecond < 0.1)
 }
 

@@ -864,14 +864,8 @@ public actor Box {
 
     // MARK: - Admin
 
-    public func phoneList() -> String {
-        let formatter = ISO8601DateFormatter()
-        if registry.phones.isEmpty { return "no phones are enrolled at this box" }
-        return registry.phones.map { p in
-            let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.map(logSafe).joined(separator: ",")
-            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : logSafe(p.name))  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
-        }.joined(separator: "\n")
-    }
+    /// The enrolled and revoked phones, as JSON (`boxkeyd phones list` renders them).
+    public func phoneList() -> String { AdminJSON.encode(registry.phones) }
 
     public func revoke(fingerprint: String) -> PAMReply {
         do {
@@ -889,23 +883,21 @@ public actor Box {
         }
     }
 
-    public func statusText() -> String {
+    /// What `boxkeyd status` shows, as JSON.
+    public func status() -> DaemonStatus {
         let now = clock.now
         let code = enrolment.current(now: now)
-        var lines = [
-            "box ID:      \(identity.boxID)",
-            "key:         \(identity.fingerprint)",
-            "public key:  \(hex(identity.keyPair.publicKey.bytes))",
-            "radio:       \(radioDescription)",
-            "connections: \(links.count)",
-            "prompts:     \(prompts.waiting.map(\.description).joined(separator: ", "))",
-            "pairing:     \(code.map { "a code is live for \(($0.expires - now).components.seconds) s, \($0.triesLeft) tries left" } ?? "no live code"), \(enrolment.pendingCount) phone(s) pending",
-            "sessions:    \(registered.entries.values.map { "\($0.session.id) (\($0.session.user), \($0.session.place))" }.sorted().joined(separator: ", "))",
-            "presence:    \(presences.values.map { "\($0.user) (phone \($0.phone.fingerprint))" }.joined(separator: ", "))",
-            "phones:      \(registry.phones.filter(\.enrolled).count) enrolled, \(registry.phones.filter(\.revoked).count) revoked",
-        ]
-        if !graces.isEmpty { lines.append("grace:       \(graces.values.map(\.user).joined(separator: ", "))") }
-        return lines.joined(separator: "\n")
+        return DaemonStatus(
+            version: BoxkeyRelease.description, boxID: identity.boxID.description, fingerprint: identity.fingerprint,
+            publicKey: hex(identity.keyPair.publicKey.bytes), radio: radioDescription, connections: links.count,
+            prompts: prompts.waiting.map(\.description),
+            pairing: .init(live: code != nil, expiresInSeconds: code.map { Int(($0.expires - now).components.seconds) },
+                           triesLeft: code?.triesLeft, pendingPhones: enrolment.pendingCount),
+            sessions: registered.entries.values.map { .init(id: $0.session.id, user: $0.session.user, place: $0.session.place) }
+                .sorted { $0.id < $1.id },
+            presence: presences.values.map { .init(user: $0.user, phone: $0.phone.fingerprint) }.sorted { $0.user < $1.user },
+            grace: graces.values.map(\.user).sorted(),
+            enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count)
     }
 
     private func wakeTimers() {

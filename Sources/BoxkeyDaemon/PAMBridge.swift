@@ -135,7 +135,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
                     case .revokePhone(let fingerprint):
                         replyContinuation.yield(.reply(await box.revoke(fingerprint: fingerprint)))
                     case .daemonStatus:
-                        replyContinuation.yield(.reply(.text(await box.statusText())))
+                        replyContinuation.yield(.reply(.text(AdminJSON.encode(await box.status()))))
                     case .newPairingCode(let user):
                         replyContinuation.yield(.reply(await box.newPairingCode(user: user)))
                     case .enrolPhone(let key, let user, let name):

@@ -6,12 +6,22 @@ import Glibc
 /// unbounded read. Used inside `pam_boxkey.so` (no threads, no Swift concurrency there) and by
 /// `boxkeyd`'s admin commands.
 public final class PAMSocketClient {
-    public enum Error: Swift.Error, Equatable {
+    public enum Error: Swift.Error, Equatable, CustomStringConvertible {
         /// No daemon listening (or no socket file).
         case unavailable(Int32)
         case timedOut
         case closed
         case protocolError(String)
+
+        /// Words, not errno numbers: this reaches admins (`boxkeyd status`) and logs.
+        public var description: String {
+            switch self {
+            case .unavailable(let e): String(cString: strerror(e))
+            case .timedOut: "no answer in time"
+            case .closed: "the daemon closed the connection"
+            case .protocolError(let s): "protocol error: \(s)"
+            }
+        }
     }
 
     private var fd: Int32

@@ -11,7 +11,8 @@ struct Boxkeyd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "boxkeyd",
         abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
-        discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; every key is documented in docs/operations.md). Admin commands talk to the running daemon over its root-only socket.",
+        discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; every key is documented in docs/operations.md). Admin commands talk to the running daemon over its root-only socket.\n\nExit status: 0 success; 1 failure (the daemon could not start, or refused the request); 64 bad arguments; 69 the daemon is not answering; 78 the configuration file is invalid.",
+        version: "boxkeyd \(BoxkeyRelease.description)",
         subcommands: [Run.self, Status.self, PairCode.self, Phones.self],
         defaultSubcommand: Run.self)
 }
@@ -23,11 +24,19 @@ struct DaemonOptions: ParsableArguments {
     @Option(name: .long, help: "Override [pam] socket: the daemon's socket.")
     var socket: String?
 
+    /// The configuration; an invalid file is said on standard error and exits 78 (EX_CONFIG).
     func load() throws -> DaemonConfig {
-        var c = try DaemonConfig.load(path: config)
+        var c: DaemonConfig
+        do { c = try DaemonConfig.load(path: config) } catch {
+            FileHandle.standardError.write("boxkeyd: \(error)\n".data(using: .utf8)!)
+            throw ExitCode(78)   // EX_CONFIG
+        }
         if let socket { c.pamSocket = socket }
         return c
     }
+
+    /// Whether the file exists: a missing one means every default, which the daemon says.
+    var fileExists: Bool { FileManager.default.fileExists(atPath: config) }
 }
 
 extension Boxkeyd {
@@ -54,12 +63,14 @@ extension Boxkeyd {
         @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
         var logLevel = "info"
 
-        func run() async throws {
-            var config: DaemonConfig
-            do { config = try options.load() } catch {
-                FileHandle.standardError.write("boxkeyd: \(error)\n".data(using: .utf8)!)
-                throw ExitCode(78)   // EX_CONFIG
+        func validate() throws {
+            guard Logger.Level(rawValue: logLevel) != nil else {
+                throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
             }
+        }
+
+        func run() async throws {
+            var config = try options.load()
             if let radio {
                 guard let r = DaemonConfig.RadioBackend(rawValue: radio) else { throw ValidationError("--radio must be auto, simulated or bluez") }
                 config.radio = r
@@ -71,16 +82,19 @@ extension Boxkeyd {
                 config.boxID = id
             }
             if checkConfig {
-                print("\(options.config): OK")
+                print(options.fileExists ? "\(options.config): OK" : "\(options.config): no such file; every setting has its default")
                 return
             }
-            let level = Logger.Level(rawValue: logLevel) ?? .info
+            let level = Logger.Level(rawValue: logLevel)!  // checked in validate()
             LoggingSystem.bootstrap { label in
                 var handler = StreamLogHandler.standardError(label: label)
                 handler.logLevel = level
                 return handler
             }
             let logger = Logger(label: "boxkeyd")
+            if !options.fileExists {
+                logger.notice("no configuration file at \(options.config): every setting has its default (docs/operations.md lists them)")
+            }
             do {
                 try await Daemon.run(config: config, logger: logger)
             } catch let error as Daemon.StartError {
@@ -93,7 +107,11 @@ extension Boxkeyd {
     struct Status: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Show the box ID, key fingerprint, radio, pairing code state, enrolled phones and registered sessions.")
         @OptionGroup var options: DaemonOptions
-        func run() throws { try ask(.daemonStatus, options) }
+        @Flag(help: "As a JSON object.") var json = false
+        func run() throws {
+            let answer = try ask(.daemonStatus, options)
+            print(json ? answer : try AdminJSON.decode(DaemonStatus.self, answer).text)
+        }
     }
 
     struct PairCode: ParsableCommand {
@@ -103,7 +121,7 @@ extension Boxkeyd {
             discussion: "The code replaces any live one; it lasts [enrolment] code_lifetime_s (120 s) and code_tries (3) pairing attempts. Type it into `boxkey pair <box ID>` on the phone. With --user, the phone that proves it is enrolled for that user at once; without, its first accepted login enrols it.")
         @OptionGroup var options: DaemonOptions
         @Option(help: "Enrol the phone for this user when it pairs.") var user: String?
-        func run() throws { try ask(.newPairingCode(user: user ?? ""), options) }
+        func run() throws { print(try ask(.newPairingCode(user: user ?? ""), options)) }
     }
 
     struct Phones: ParsableCommand {
@@ -112,7 +130,11 @@ extension Boxkeyd {
         struct List: ParsableCommand {
             static let configuration = CommandConfiguration(abstract: "List phones: fingerprint, users, name, how and when enrolled, last login, revocation.")
             @OptionGroup var options: DaemonOptions
-            func run() throws { try ask(.listPhones, options) }
+            @Flag(help: "As a JSON array.") var json = false
+            func run() throws {
+                let answer = try ask(.listPhones, options)
+                print(json ? answer : PhoneRegistry.text(try AdminJSON.decode([PhoneRegistry.Phone].self, answer)))
+            }
         }
         struct Enrol: ParsableCommand {
             static let configuration = CommandConfiguration(abstract: "Pre-enrol a phone for a user by its public key (`boxkey status` on the phone shows it); the phone then pins this box with `boxkey pair <ID> --box-key <key>`.")
@@ -120,26 +142,26 @@ extension Boxkeyd {
             @Argument(help: "The phone's public key, 64 hex digits.") var key: String
             @Option(help: "The user the phone may log in as.") var user: String
             @Option(help: "A name for the phone, for the list.") var name = ""
-            func run() throws { try ask(.enrolPhone(key: key, user: user, name: name), options) }
+            func run() throws { print(try ask(.enrolPhone(key: key, user: user, name: name), options)) }
         }
         struct Revoke: ParsableCommand {
             static let configuration = CommandConfiguration(abstract: "Revoke a phone: it is refused from now on and its live links are dropped.")
             @OptionGroup var options: DaemonOptions
             @Argument(help: "The phone's fingerprint, or a unique prefix of it.")
             var fingerprint: String
-            func run() throws { try ask(.revokePhone(fingerprint: fingerprint), options) }
+            func run() throws { print(try ask(.revokePhone(fingerprint: fingerprint), options)) }
         }
     }
 }
 
-/// One request to the running daemon; prints its answer.
-func ask(_ request: PAMRequest, _ options: DaemonOptions) throws {
+/// One request to the running daemon; returns its answer.
+func ask(_ request: PAMRequest, _ options: DaemonOptions) throws -> String {
     let config = try options.load()
     do {
         let client = try PAMSocketClient(path: config.pamSocket)
         try client.send(request)
         switch try client.receive(timeoutMilliseconds: 5000) {
-        case .text(let t): print(t)
+        case .text(let t): return t
         case .error(let e):
             FileHandle.standardError.write("boxkeyd: \(e)\n".data(using: .utf8)!)
             throw ExitCode(1)

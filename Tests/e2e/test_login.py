@@ -1,4 +1,5 @@
 """Login end to end: phone CLI <-> simulated radio <-> boxkeyd <-> PAM stack <-> logind."""
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,28 @@ def test_login_accepted_and_phone_recorded(world):
     listing = world.admin("phones", "list")
     assert re.search(FINGERPRINT + "  alice", listing.stdout), listing.stdout
     assert "login accepted" in world.box_output()
+
+
+def test_status_and_phones_as_json_and_for_people(world):
+    """`boxkeyd status` and `boxkeyd phones` as JSON (an encoder's, for scripts), and for people
+    with no empty fields."""
+    world.start_box()
+    world.pair_and_store()
+    r = world.admin("status", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status["boxID"] == "4821" and len(status["publicKey"]) == 64 and status["enrolledPhones"] == 1
+    assert status["pairing"]["live"] is False and status["sessions"] == [] and status["prompts"] == []
+    assert re.match(r"^\d+\.\d+\.\d+ \(protocol \d+\)$", status["version"])
+    text = world.admin("status").stdout
+    assert all(re.match(r"^[a-zA-Z ]+:\s+\S", line) for line in text.splitlines()), text  # no empty field
+    assert "sessions:    none" in text and "public key:  " + status["publicKey"] in text
+    for command in (("phones", "--json"), ("phones", "list", "--json")):
+        r = world.admin(*command)
+        assert r.returncode == 0, r.stderr
+        phones = json.loads(r.stdout)
+        assert [p["users"] for p in phones] == [["alice"]] and re.fullmatch(FINGERPRINT, phones[0]["fingerprint"])
+        assert phones[0]["enrolledBy"].startswith("pairing code") and "revokedAt" not in phones[0]
 
 
 def test_wrong_password_rejected_then_reentered(world):
@@ -223,7 +246,19 @@ def test_check_config_reports_errors(world):
     assert r.returncode == 78 and "policy must be lock, logout or none" in r.stderr
     open(path, "w").write('[radio]\nbackend = "simulated"\ntypo = 1\n')
     r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", path], capture_output=True, text=True)
-    assert r.returncode == 78 and "unknown key typo" in r.stderr
+    assert r.returncode == 78 and "line 3: unknown key typo in [radio]" in r.stderr, r.stderr
+    # The admin commands read the same file: a bad one is EX_CONFIG there too, not a crash or 1.
+    for command in (["status"], ["phones"], ["phones", "list"], ["pair-code"]):
+        r = subprocess.run([world.bins["boxkeyd"], *command, "--config", path], capture_output=True, text=True)
+        assert r.returncode == 78 and "unknown key typo" in r.stderr, (command, r.returncode, r.stderr)
+    # A missing file is every default, said so; a bad log level is a usage error.
+    missing = os.path.join(world.work, "missing.conf")
+    r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", missing], capture_output=True, text=True)
+    assert r.returncode == 0 and "no such file; every setting has its default" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([world.bins["boxkeyd"], "--log-level", "loud", "--config", missing], capture_output=True, text=True)
+    assert r.returncode == 64 and "--log-level must be one of" in r.stderr, r.stderr
+    r = subprocess.run([world.bins["boxkeyd"], "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and re.match(r"^boxkeyd \d+\.\d+\.\d+ \(protocol \d+\)$", r.stdout.strip()), r.stdout
 
 
 def test_logs_never_contain_the_password(world):

@@ -1,0 +1,90 @@
+import BoxkeyCore
+import Foundation
+
+/// What `boxkeyd status` shows, as the daemon sends it over its admin socket (JSON): the CLI
+/// prints it for people, or as it is with `--json`.
+public struct DaemonStatus: Codable, Sendable, Equatable {
+    public struct Pairing: Codable, Sendable, Equatable {
+        /// Whether a pairing code is live now; its seconds and tries left when it is.
+        public var live: Bool
+        public var expiresInSeconds: Int?
+        public var triesLeft: Int?
+        /// Phones paired and waiting for their first accepted login.
+        public var pendingPhones: Int
+    }
+    public struct Session: Codable, Sendable, Equatable {
+        public var id: String
+        public var user: String
+        public var place: String
+    }
+    public struct Presence: Codable, Sendable, Equatable {
+        public var user: String
+        public var phone: String
+    }
+
+    public var version: String
+    public var boxID: String
+    public var fingerprint: String
+    public var publicKey: String
+    public var radio: String
+    public var connections: Int
+    public var prompts: [String]
+    public var pairing: Pairing
+    public var sessions: [Session]
+    public var presence: [Presence]
+    /// Users whose walk-away grace period runs now.
+    public var grace: [String]
+    public var enrolledPhones: Int
+    public var revokedPhones: Int
+
+    /// For people: one line per field, "none" where a list is empty, phone-supplied text escaped.
+    public var text: String {
+        func list(_ items: [String]) -> String { items.isEmpty ? "none" : items.map(logSafe).joined(separator: ", ") }
+        let code = pairing.live
+            ? "a code is live for \(pairing.expiresInSeconds ?? 0) s, \(pairing.triesLeft ?? 0) tries left"
+            : "no live code"
+        var lines = [
+            "box ID:      \(boxID)",
+            "key:         \(fingerprint)",
+            "public key:  \(publicKey)",
+            "version:     \(version)",
+            "radio:       \(radio)",
+            "connections: \(connections)",
+            "prompts:     \(list(prompts))",
+            "pairing:     \(code), \(pairing.pendingPhones) phone(s) pending",
+            "sessions:    \(list(sessions.map { "\($0.id) (\($0.user), \($0.place))" }))",
+            "presence:    \(list(presence.map { "\($0.user) (phone \($0.phone))" }))",
+            "phones:      \(enrolledPhones) enrolled, \(revokedPhones) revoked",
+        ]
+        if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
+        return lines.joined(separator: "\n")
+    }
+}
+
+extension PhoneRegistry {
+    /// `boxkeyd phones list` for people; JSON is the records themselves.
+    public static func text(_ phones: [Phone]) -> String {
+        if phones.isEmpty { return "no phones are enrolled at this box" }
+        let formatter = ISO8601DateFormatter()
+        return phones.map { p in
+            let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.map(logSafe).joined(separator: ",")
+            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : logSafe(p.name))  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
+        }.joined(separator: "\n")
+    }
+}
+
+/// The admin socket's JSON: sorted keys, ISO 8601 dates.
+public enum AdminJSON {
+    public static func encode(_ value: some Encodable) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        encoder.dateEncodingStrategy = .iso8601
+        return (try? encoder.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    public static func decode<T: Decodable>(_ type: T.Type, _ text: String) throws -> T {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try decoder.decode(type, from: Data(text.utf8))
+    }
+}
