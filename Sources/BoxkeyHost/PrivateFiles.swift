@@ -53,8 +53,11 @@ public enum PrivateFiles {
     public static func read(_ path: String) throws(Failure) -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
-            if errno == ENOENT { return nil }
-            throw Failure("cannot read \(path): \(errnoText())")
+            let e = errno
+            var s = stat()
+            if e == ENOENT, lstat(path, &s) != 0 { return nil }
+            // A link to something absent (a disk not mounted) is not "no file".
+            throw Failure("cannot read \(path): \(e == ENOENT ? "it is a link to a missing file" : String(cString: strerror(e)))")
         }
         defer { close(fd) }
         var out: [UInt8] = []

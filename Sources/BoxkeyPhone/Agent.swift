@@ -36,8 +36,14 @@ public actor Agent {
     private var presence: PresenceLink?
     private var busy = false
     private var stopRequested = false
-    /// Told whether credentials are held, whenever that changes (`AgentServer`'s sleep inhibitor).
+    /// Told whether the password is in this process, whenever that changes (`AgentServer`'s
+    /// sleep inhibitor): held, or copied by a login still in progress.
     private var holdingObserver: (@Sendable (Bool) async -> Void)?
+    /// Logins in progress, each with its own reference to the password: it stays in memory
+    /// until they end, even after `forget`.
+    private var loginsInProgress = 0
+    /// Moves on at every drop: an unlock that finishes after one is discarded.
+    private var drops = 0
     /// Link work that outlives a request: presence links to run, and links to detach and
     /// close once the answer is out. `AgentServer` runs them in its task group.
     enum LinkJob: Sendable { case presence(PresenceLink), detachAndClose(BoxLink) }
@@ -61,26 +67,43 @@ public actor Agent {
     }
 
     /// Opens the vault with `pin` and holds the credentials. The attempt is counted as any.
+    /// The vault's lock and Argon2id run off the actor: `forget`, `stop` and the lifetime must
+    /// never wait behind them (another process could hold the vault's lock for long).
     public func unlock(pin: SecureBytes?) async throws(PhoneFailure) {
-        var vault = try phone.vault()
-        do {
-            let (user, password) = try vault.credentials(pin: pin, now: vaultNow())
-            held = Held(user: user, password: password, until: clock.now + lifetime)
-            log("credentials for \(user) held for \(lifetime)")
-        } catch let f as Vault.Failure {
-            throw f.asPhoneFailure
-        } catch {
-            throw PhoneFailure(.failure, "\(error)")
+        let phone = phone, dropsBefore = drops
+        let opened = await Task.detached { () -> Result<(user: String, password: SecureBytes), PhoneFailure> in
+            do {
+                var vault = try phone.vault()
+                return .success(try vault.credentials(pin: pin, now: vaultNow()))
+            } catch let f as PhoneFailure {
+                return .failure(f)
+            } catch let f as Vault.Failure {
+                return .failure(f.asPhoneFailure)
+            } catch {
+                return .failure(PhoneFailure(.failure, "\(error)"))
+            }
+        }.value
+        let (user, password) = try opened.get()
+        guard drops == dropsBefore, !stopRequested else {
+            throw PhoneFailure(.failure, "the credentials were dropped while the vault was being opened")
         }
+        held = Held(user: user, password: password, until: clock.now + lifetime)
+        log("credentials for \(user) held for \(lifetime)")
         await holdingObserver?(true)
     }
 
     /// Drops the credentials (the presence link stays: it carries no secret).
     public func forget(_ why: String) async {
+        drops += 1
         guard held != nil else { return }
         held = nil  // SecureBytes zeroes and frees its pages
-        log("credentials dropped (\(why))")
-        await holdingObserver?(false)
+        log("credentials dropped (\(why))" + (loginsInProgress > 0 ? "; the login in progress keeps its copy until it ends" : ""))
+        await settleHolding()
+    }
+
+    /// Tells the observer the password is gone once no login holds a copy either.
+    private func settleHolding() async {
+        if held == nil, loginsInProgress == 0 { await holdingObserver?(false) }
     }
 
     /// Called about once a second: the lifetime runs out here.
@@ -117,6 +140,7 @@ public actor Agent {
             reply(.result(.success, message: "Agent stopped.", details: ""))
         case .login(let box, let stay):
             await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
+            await settleHolding()
         case .act(let action, let box):
             // The person is leaving: the credentials go now, even if the agent is busy; the
             // lock itself waits for the job in hand (a login) rather than being refused.
@@ -158,6 +182,8 @@ public actor Agent {
         }
         let id = try phone.boxID(box)
         _ = try phone.pinnedKey(id)
+        loginsInProgress += 1
+        defer { loginsInProgress -= 1 }
         var phone = phone
         defer { self.phone = phone }
         let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central,

@@ -47,12 +47,14 @@ public struct AgentServer: Sendable {
                 channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<DecodedRequest, ByteBuffer>(wrappingChannelSynchronously: channel) }
             }
         chmod(path, 0o600)
+        let bound = SocketFile(path)
         // The suspend watch is in place before the agent says it is ready: a suspend right
         // after `boxkey agent start` returns must not be missed.
         let sleepSignals = await subscribeToSleep()
         log("agent listening on \(path)")
         ready()
-        defer { unlink(path) }
+        // Only our own socket: after the directory was replaced, the path may be another's.
+        defer { if SocketFile(path) == bound { unlink(path) } }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 try await server.executeThenClose { inbound in
@@ -67,6 +69,13 @@ public struct AgentServer: Sendable {
                 while !Task.isCancelled {
                     try await Task.sleep(for: .seconds(1))
                     await agent.tick()
+                    // Removed or replaced (logind removes the runtime directory when the
+                    // user's last session ends): nothing can reach this agent any more, so it
+                    // must not go on holding credentials.
+                    if bound != nil, SocketFile(path) != bound {
+                        log("the agent's socket \(path) was removed or replaced; stopping")
+                        await stop()
+                    }
                 }
             }
             // A stop ends the run once its answer is out (`serve`), or at once from a signal.
@@ -177,6 +186,19 @@ public struct AgentServer: Sendable {
 }
 
 typealias DecodedRequest = Result<AgentRequest, AgentWire.DecodeError>
+
+/// Which file a path names now (device and inode), or nil when there is none.
+struct SocketFile: Equatable {
+    let device: UInt64
+    let inode: UInt64
+
+    init?(_ path: String) {
+        var s = stat()
+        guard lstat(path, &s) == 0 else { return nil }
+        device = UInt64(s.st_dev)
+        inode = UInt64(s.st_ino)
+    }
+}
 
 /// Two-byte length, then the body (`AgentWire`), decoded where NIO received it.
 struct AgentFrameDecoder: ByteToMessageDecoder {

@@ -148,11 +148,22 @@ public struct Vault {
         let directory = (path as NSString).deletingLastPathComponent
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(directory): \(String(cString: strerror(errno)))") }
-        while flock(fd, LOCK_EX) != 0 {
-            guard errno == EINTR else { close(fd); throw Failure.attemptNotRecorded("cannot lock \(directory)") }
+        // Bounded: a stopped or hung process holding the lock must not hang this one (the
+        // agent would stop answering forget and stop). Attempts take about half a second each.
+        let deadline = Date().addingTimeInterval(Self.lockWait)
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let e = errno
+            guard e == EINTR || e == EWOULDBLOCK, Date() < deadline else {
+                close(fd)
+                throw Failure.attemptNotRecorded(e == EWOULDBLOCK ? "another boxkey process holds the vault (\(directory)); try again" : "cannot lock \(directory)")
+            }
+            usleep(20_000)
         }
         return fd
     }
+
+    /// How long an attempt waits for another process's attempt to finish.
+    static let lockWait: TimeInterval = 30
 
     private init(file: File, path: String, deviceSecret: SecureBytes) {
         self.file = file

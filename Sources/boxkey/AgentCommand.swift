@@ -114,8 +114,9 @@ enum AgentCommand {
         @Flag(help: "As a JSON object.") var json = false
         func run() async throws {
             try await Terminal.run {
-                let phone = try Phone.open()
-                guard let client = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)") }
+                // The agent is reached through its socket alone: a damaged phone file must not
+                // keep anyone from seeing, dropping or stopping it.
+                guard let client = AgentClient(PhoneDirectories()) else { throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)") }
                 guard case .result(.success, let message, let details) = try client.send(.status) else {
                     throw PhoneFailure(.failure, "the agent did not answer the status request")
                 }
@@ -136,8 +137,7 @@ enum AgentCommand {
 
     static func simple(_ request: AgentRequest) async throws {
         try await Terminal.run {
-            let phone = try Phone.open()
-            guard let client = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "no agent is running") }
+            guard let client = AgentClient(PhoneDirectories()) else { throw PhoneFailure(.agentUnavailable, "no agent is running") }
             guard case .result(let outcome, let message, _) = try client.send(request) else { throw PhoneFailure(.failure, "unexpected answer from the agent") }
             guard outcome == .success else { throw PhoneFailure(outcome, message) }
             Terminal.say(message)

@@ -114,8 +114,7 @@ extension Boxkey {
         @OptionGroup var radio: RadioOptions
         func run() async throws {
             try await Terminal.run {
-                try await sessionAction(.lock, id: id, radio: radio)
-                Terminal.say("Locked your session on box \(try Phone.open().boxID(id)).")
+                Terminal.say(try await sessionAction(.lock, id: id, radio: radio))
             }
         }
     }
@@ -130,26 +129,29 @@ extension Boxkey {
                 guard yes || Terminal.confirm("Log out of your session? Unsaved work will be lost.") else {
                     throw PhoneFailure(.cancelled, "not logged out")
                 }
-                try await sessionAction(.logout, id: id, radio: radio)
-                Terminal.say("Logged out of box \(try Phone.open().boxID(id)).")
+                Terminal.say(try await sessionAction(.logout, id: id, radio: radio))
             }
         }
     }
 }
 
 /// Lock or logout: through the agent when one runs (over its presence link if it holds one),
-/// else over a new link.
-func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOptions) async throws {
+/// else over a new link. Returns the sentence to print.
+func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOptions) async throws -> String {
+    // The agent first, by its socket alone: it knows the default box, and a lock must reach it
+    // (and make it drop the credentials) even when this process cannot load the phone's files.
+    if let agent = AgentClient(PhoneDirectories()) {
+        guard case .result(let outcome, let message, _) = try agent.send(.act(action, box: id)) else {
+            throw PhoneFailure(.failure, "unexpected answer from the agent")
+        }
+        guard outcome == .success else { throw PhoneFailure(outcome, message) }
+        return message
+    }
     var phone = try Phone.open()
     let boxID = try phone.boxID(id)
-    if let agent = AgentClient(phone.dirs) {
-        if case .result(let outcome, let message, _) = try agent.send(.act(action, box: boxID)), outcome != .success {
-            throw PhoneFailure(outcome, message)
-        }
-        return
-    }
     let phoneRadio = try await radio.open(phone)
     defer { phoneRadio.shutdown() }
     let link = try await phone.connect(to: boxID, radio: phoneRadio.central)
     try await Phone.act(action, on: link, box: boxID)
+    return action == .lock ? "Locked your session on box \(boxID)." : "Logged out of box \(boxID)."
 }

@@ -3,6 +3,7 @@ code per outcome, --json, the full --help texts, and the agent (ssh-agent-like).
 import difflib
 import json
 import os
+import shutil
 import re
 import resource
 import socket
@@ -546,6 +547,19 @@ def test_agent_memory_holds_no_pin_or_password_once_dropped(world, agents):
     assert memory_count(pid, PIN.encode()) == 0
 
 
+def test_phone_key_linked_to_a_missing_file_is_an_error_not_a_new_identity(world):
+    """A phone.key that is a link to a disk not mounted now is not "no key"."""
+    world.start_box()
+    world.pair_and_store()
+    key = os.path.join(world.env["XDG_CONFIG_HOME"], "boxkey", "phone.key")
+    moved = os.path.join(world.work, "unmounted-phone.key")
+    os.rename(key, os.path.join(world.work, "kept.key"))
+    os.symlink(moved, key)
+    r = world.phone("credentials")
+    assert r.returncode != 0 and "link to a missing file" in r.stderr, r.stdout + r.stderr
+    assert os.path.islink(key) and not os.path.exists(moved)
+
+
 def test_unreadable_phone_key_is_an_error_not_a_new_identity(world):
     """A phone.key that exists but cannot be read now (permissions here; too many open files or
     an I/O error elsewhere) must not be replaced by a new key: the boxes know this one, and the
@@ -577,6 +591,67 @@ def test_unreadable_phone_key_is_an_error_not_a_new_identity(world):
     assert r.returncode != 0 and "cannot read" in r.stderr and "phone.key" in r.stderr, r.stdout + r.stderr
     assert open(key, "rb").read() == before
     assert world.phone("status").returncode == 0
+
+
+def test_an_agent_nothing_can_reach_stops_and_a_second_one_is_refused(world, agents):
+    """logind removes the runtime directory when the user's last session ends, and a shell
+    without XDG_RUNTIME_DIR looks for the agent elsewhere. A second agent must not start beside
+    the first (one per phone, whatever the environment), and an agent whose socket is gone
+    stops instead of holding the password where nothing can reach it."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    pid = agents.status()["pid"]
+    r = world.phone("agent", "start", "--foreground", stdin=PIN + "\n", extra_env={"XDG_RUNTIME_DIR": ""})
+    assert r.returncode != 0 and "an agent is already running" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 0
+    runtime = os.path.dirname(agents.socket)
+    shutil.rmtree(runtime)
+    os.makedirs(runtime, mode=0o700)
+    wait_for(lambda: not alive(pid), timeout=10, what="the unreachable agent to stop")
+    assert "was removed or replaced; stopping" in agents.log_text()
+    assert agents.start(stdin=PIN + "\n").returncode == 0  # a new one may start now
+
+
+def test_agent_answers_while_another_process_holds_the_vault(world, agents):
+    """A stopped or hung `boxkey` holding the vault's lock must not wedge the agent: forget and
+    stop answer at once, and the unlock it was asked for fails after a bounded wait."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    assert world.phone("agent", "forget").returncode == 0
+    vault_dir = os.path.join(world.env["XDG_DATA_HOME"], "boxkey")
+    holder = subprocess.Popen(["flock", vault_dir, "sleep", "60"])
+    try:
+        time.sleep(0.3)
+        login = subprocess.Popen([world.bins["boxkey"], "login", "--no-stay"], env=world.phone_env(), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        login.stdin.write(PIN + "\n")
+        login.stdin.flush()
+        time.sleep(1)  # the agent is waiting for the vault now
+        start = time.monotonic()
+        r = world.phone("agent", "status", "--json", timeout=10)
+        assert r.returncode == 0 and json.loads(r.stdout)["credentialsHeld"] is False, r.stdout + r.stderr
+        r = world.phone("agent", "stop", timeout=10)
+        assert r.returncode == 0 and "Agent stopped" in r.stdout, r.stdout + r.stderr
+        assert time.monotonic() - start < 5
+        login.kill()
+        login.communicate()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_lock_reaches_the_agent_when_the_phone_files_do_not_load(world, agents):
+    """`boxkey lock` is how a person leaving drops the agent's credentials: it reaches the agent
+    by its socket alone, even with a damaged boxes.json."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login", "--no-stay").returncode == 0
+    assert world.finish(greeter)[0] == 0
+    open(os.path.join(world.env["XDG_CONFIG_HOME"], "boxkey", "boxes.json"), "w").write("{ damaged")
+    r = world.phone("lock")
+    assert r.returncode == 0 and "Locked your session on box 4821" in r.stdout, r.stdout + r.stderr
+    assert agents.status()["credentialsHeld"] is False
 
 
 def test_lock_waits_for_the_agents_login_in_hand(world, agents):
