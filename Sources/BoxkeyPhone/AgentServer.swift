@@ -38,7 +38,7 @@ public struct AgentServer: Sendable {
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(AgentFrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(AgentFrameReader())
                 }
             }
             // Replacing a socket file is safe: the caller holds `AgentInstance`, so none of
@@ -200,27 +200,78 @@ struct SocketFile: Equatable {
     }
 }
 
-/// Two-byte length, then the body (`AgentWire`), decoded where NIO received it.
-struct AgentFrameDecoder: ByteToMessageDecoder {
+/// Two-byte length, then the body (`AgentWire`). A body may hold a PIN, so every byte read
+/// is copied into one buffer of fixed capacity (never reallocated, so never left behind in
+/// an old one) and zeroed where NIO received it; the buffer is zeroed as frames are decoded
+/// and when the connection ends. NIO's ByteToMessageHandler would keep fragments in buffers
+/// of its own that are freed unzeroed.
+final class AgentFrameReader: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
     typealias InboundOut = DecodedRequest
 
-    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self).map(Int.init) else { return .needMoreData }
-        guard length > 0, length <= AgentWire.maxFrameLength else { throw AgentWire.DecodeError.truncated }
-        guard buffer.readableBytes >= 2 + length else { return .needMoreData }
-        let decoded = buffer.withUnsafeReadableBytes { bytes in
-            let body = UnsafeRawBufferPointer(rebasing: bytes[2..<(2 + length)])
-            defer {
-                // The body may hold a PIN, which is in secure memory now. Zero it in NIO's own
-                // storage: that storage is shared with the socket's read buffer, so a mutating
-                // accessor would zero a private copy and leave the original in the heap.
-                UnsafeMutableRawBufferPointer(mutating: body).initializeMemory(as: UInt8.self, repeating: 0)
+    private var pending: [UInt8] = []
+
+    init() { pending.reserveCapacity(2 + AgentWire.maxFrameLength) }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        var tooMuch = false
+        buffer.withUnsafeReadableBytes { bytes in
+            if pending.count + bytes.count <= pending.capacity {
+                pending.append(contentsOf: bytes)
+            } else {
+                tooMuch = true
             }
-            return Result { () throws(AgentWire.DecodeError) in try AgentRequest.decode(body) }
+            // The read buffer is done with: no one else reads these bytes.
+            UnsafeMutableRawBufferPointer(mutating: bytes).initializeMemory(as: UInt8.self, repeating: 0)
         }
-        buffer.moveReaderIndex(forwardBy: 2 + length)
-        context.fireChannelRead(wrapInboundOut(decoded))
-        return .continue
+        guard !tooMuch else { return fail(context) }
+        while pending.count >= 2 {
+            let length = Int(pending[0]) << 8 | Int(pending[1])
+            guard length > 0, length <= AgentWire.maxFrameLength else { return fail(context) }
+            guard pending.count >= 2 + length else { return }
+            let decoded = pending.withUnsafeBytes { all in
+                Result { () throws(AgentWire.DecodeError) in try AgentRequest.decode(UnsafeRawBufferPointer(rebasing: all[2..<(2 + length)])) }
+            }
+            consume(2 + length)
+            context.fireChannelRead(wrapInboundOut(decoded))
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        wipe(upTo: pending.count)
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        wipe(upTo: pending.count)
+    }
+
+    private func fail(_ context: ChannelHandlerContext) {
+        wipe(upTo: pending.count)
+        pending.removeAll(keepingCapacity: true)
+        context.fireErrorCaught(AgentWire.DecodeError.truncated)
+        context.close(promise: nil)
+    }
+
+    private func wipe(upTo count: Int) {
+        pending.withUnsafeMutableBytes { p in
+            guard let base = p.baseAddress else { return }
+            memset(base, 0, min(count, p.count))
+        }
+    }
+
+    /// Drops the first `n` bytes: the rest moves to the front and what it leaves is zeroed
+    /// (Array's own removeFirst would leave a copy of it behind the new end).
+    private func consume(_ n: Int) {
+        pending.withUnsafeMutableBytes { p in
+            guard let base = p.baseAddress else { return }
+            let rest = p.count - n
+            memset(base, 0, n)
+            if rest > 0 { memmove(base, base + n, rest) }
+            memset(base + rest, 0, n)
+        }
+        pending.removeLast(n)
     }
 }
 

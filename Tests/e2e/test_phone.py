@@ -560,6 +560,29 @@ def test_phone_key_linked_to_a_missing_file_is_an_error_not_a_new_identity(world
     assert os.path.islink(key) and not os.path.exists(moved)
 
 
+def test_a_pin_sent_in_pieces_is_not_left_in_the_agents_memory(world, agents):
+    """A client may send the unlock request in several writes; the agent reassembles it in
+    one buffer it zeroes, not in NIO's fragments, which would be freed unzeroed."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    pid = agents.status()["pid"]
+    assert world.phone("agent", "forget").returncode == 0
+    body = b"\x02\x00\x06" + PIN.encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(agents.socket)
+        s.sendall(len(body).to_bytes(2, "big"))
+        time.sleep(0.3)
+        s.sendall(body[:4])
+        time.sleep(0.3)
+        s.sendall(body[4:])
+        assert s.recv(4096)  # the answer: unlocked
+    wait_for(lambda: agents.status()["credentialsHeld"] is True, timeout=10, what="the agent to unlock")
+    assert world.phone("agent", "forget").returncode == 0
+    assert memory_count(pid, PIN.encode()) == 0
+    assert memory_count(pid, PASSWORD.encode()) == 0
+
+
 def test_unreadable_phone_key_is_an_error_not_a_new_identity(world):
     """A phone.key that exists but cannot be read now (permissions here; too many open files or
     an I/O error elsewhere) must not be replaced by a new key: the boxes know this one, and the
