@@ -206,3 +206,50 @@ struct BoxHarness {
         }
     }
 }
+
+/// A central that records what its links are asked to do, around the simulated one.
+final class RecordingCentral: CentralRadio {
+    let inner: any CentralRadio
+    let calls = NIOLockedValueBox<[String]>([])
+    init(_ inner: any CentralRadio) { self.inner = inner }
+    var address: DeviceAddress { inner.address }
+    func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> { inner.scan(filter) }
+    func connect(to address: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
+        RecordingLink(try await inner.connect(to: address, timeout: timeout), calls: calls)
+    }
+}
+
+final class RecordingLink: CentralLink {
+    let inner: any CentralLink
+    let calls: NIOLockedValueBox<[String]>
+    init(_ inner: any CentralLink, calls: NIOLockedValueBox<[String]>) { self.inner = inner; self.calls = calls }
+    private func note(_ s: String) { calls.withLockedValue { $0.append(s) } }
+    var peer: DeviceAddress { inner.peer }
+    var events: AsyncStream<LinkEvent> { inner.events }
+    var mtu: Int { get async { await inner.mtu } }
+    func discover(service uuid: String) async throws -> GATTService { try await inner.discover(service: uuid) }
+    func read(_ c: String) async throws -> [UInt8] { try await inner.read(c) }
+    func write(_ c: String, value: [UInt8], withResponse: Bool) async throws { try await inner.write(c, value: value, withResponse: withResponse) }
+    func subscribe(_ c: String) async throws { note("subscribe"); try await inner.subscribe(c) }
+    func unsubscribe(_ c: String) async throws { note("unsubscribe"); try await inner.unsubscribe(c) }
+    func rssi() async throws -> Int { try await inner.rssi() }
+    func disconnect() async { note("disconnect"); await inner.disconnect() }
+}
+
+@Suite(.serialized) struct BoxLinkTests {
+    /// A phone done with a box unsubscribes from its notifications before it disconnects, as
+    /// a well-behaved central does (BlueZ would otherwise keep notifying a central on its way out).
+    @Test func closingUnsubscribesBeforeDisconnecting() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let (identity, central) = await h.phone(0x21, enrolledFor: "alice")
+            let recording = RecordingCentral(central)
+            let key = h.box.identity.keyPair.publicKey
+            let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: recording, timeout: .seconds(5)))
+            let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: recording)
+            await link.close()
+            await link.close()  // a second close does nothing
+            #expect(recording.calls.withLockedValue { $0 } == ["subscribe", "unsubscribe", "disconnect"])
+        }
+    }
+}
