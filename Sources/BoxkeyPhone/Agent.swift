@@ -58,8 +58,6 @@ public actor Agent {
         (linkJobs, linkJobContinuation) = AsyncStream.makeStream()
     }
 
-    public var isStopRequested: Bool { stopRequested }
-
     /// Sets who is told whether credentials are held, and tells it now.
     public func onHoldingChanged(_ observer: @escaping @Sendable (Bool) async -> Void) async {
         holdingObserver = observer

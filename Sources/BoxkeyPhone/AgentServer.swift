@@ -168,11 +168,10 @@ public struct AgentServer: Sendable {
                 if holding { await inhibitor.take() } else { inhibitor.release() }
             }
             defer { inhibitor.release() }
-            for await signal in signals {
-                if signal.arguments.first?.bool == true {
-                    await agent.forget("the machine is going to sleep")
-                    inhibitor.release()  // forget released it already; never keep a suspend waiting
-                }
+            // The drop releases the inhibitor (`onHoldingChanged`), or a login in progress does
+            // when it ends; logind's InhibitDelayMaxSec bounds the wait either way.
+            for await signal in signals where signal.arguments.first?.bool == true {
+                await agent.forget("the machine is going to sleep")
             }
             // The bus went away: a suspend would go unnoticed from now on, so fail safe.
             if !Task.isCancelled {
@@ -239,25 +238,25 @@ final class AgentFrameReader: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        wipe(upTo: pending.count)
+        wipe()
         context.fireChannelInactive()
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        wipe(upTo: pending.count)
+        wipe()
     }
 
     private func fail(_ context: ChannelHandlerContext) {
-        wipe(upTo: pending.count)
+        wipe()
         pending.removeAll(keepingCapacity: true)
         context.fireErrorCaught(AgentWire.DecodeError.truncated)
         context.close(promise: nil)
     }
 
-    private func wipe(upTo count: Int) {
+    private func wipe() {
         pending.withUnsafeMutableBytes { p in
             guard let base = p.baseAddress else { return }
-            memset(base, 0, min(count, p.count))
+            memset(base, 0, p.count)
         }
     }
 
