@@ -72,16 +72,22 @@ final class FixtureProcess: @unchecked Sendable {
         lock.withLock { reap(within: timeout) }
     }
 
-    /// SIGTERM, then waits up to `grace`; SIGKILL to its process group after that. Returns the
-    /// wait(2) status. Safe to call again: later calls return the same status.
+    /// SIGTERM to its process group, then waits up to `grace` for it; SIGKILL to the group
+    /// after that, and to whatever of the group outlived it. The whole group, not the wrapper
+    /// alone: timeout(1) forwards SIGTERM only once it has recorded its child's pid, and a
+    /// SIGTERM just before that left the child running (seen in CI). Returns the wait(2)
+    /// status. Safe to call again: later calls return the same status.
     @discardableResult
     func terminate(grace: Duration = .seconds(5)) -> Int32 {
         lock.withLock {
             if let status { return status }
-            kill(pid, SIGTERM)
-            if let s = reap(within: grace) { return s }
-            kill(-pid, SIGKILL)
-            return reap(wait: true) ?? -1
+            kill(-pid, SIGTERM)
+            let s = reap(within: grace) ?? {
+                kill(-pid, SIGKILL)
+                return reap(wait: true) ?? -1
+            }()
+            kill(-pid, SIGKILL)  // no one left is the usual answer (ESRCH)
+            return s
         }
     }
 
