@@ -38,6 +38,12 @@ let package = Package(
             pkgConfig: "pam",
             providers: [.apt(["libpam0g-dev"])]
         ),
+        // The journal's native protocol (sd_journal_sendv): priorities and fields for boxkeyd's log.
+        .systemLibrary(
+            name: "CSystemd",
+            pkgConfig: "libsystemd",
+            providers: [.apt(["libsystemd-dev"])]
+        ),
         .systemLibrary(
             name: "CDBus",
             pkgConfig: "dbus-1",
@@ -67,7 +73,7 @@ let package = Package(
 
         // What the box and the phone both need from this host: private files written
         // durably, and the choice of radio (BlueZ or the simulated one).
-        .target(name: "BoxkeyHost", dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ"]),
+        .target(name: "BoxkeyHost", dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus"]),
 
         // The radio interface both transports implement (BlueZ, simulated).
         .target(name: "BoxkeyRadio", dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
@@ -88,9 +94,10 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM", "CSystemd",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -42,7 +42,7 @@ public struct PAMPeer: Sendable {
 /// service, asked for by a local process (logind); the session is what logind says the PAM
 /// stack opened or the locker sits in, for that user's uid.
 public actor Box {
-    let config: DaemonConfig
+    private(set) var config: DaemonConfig
     public nonisolated let identity: BoxIdentity
     var registry: PhoneRegistry
     let sessions: any SessionControl
@@ -130,6 +130,24 @@ public actor Box {
         (outbox, outboxContinuation) = AsyncStream.makeStream(of: RadioAction.self)
     }
 
+    /// SIGHUP: takes the new settings that can change while running (limits, enrolment,
+    /// presence, services, timeouts); returns the changed keys that need a restart. Counts and
+    /// links in progress carry on under the new limits.
+    public func reload(_ reloaded: DaemonConfig) -> (changed: Bool, needRestart: [String]) {
+        let (next, needRestart) = config.reloading(reloaded)
+        let changed = next != config
+        config = next
+        enrolment.lifetime = next.pairingCodeLifetime
+        enrolment.tries = next.pairingCodeTries
+        enrolment.pendingWindow = next.pendingEnrolment
+        failedHandshakes.limit = next.failedHandshakesPerMinute
+        rejectedByPhone.limit = next.rejectedPushesPerPhone
+        rejectedByPhone.window = next.rejectionWindow
+        rejectedByUser.limit = next.rejectedPushesPerUser
+        rejectedByUser.window = next.rejectionWindow
+        return (changed, needRestart)
+    }
+
     // MARK: - Advertisement and GATT
 
     public var gattService: GATTService {
@@ -168,7 +186,7 @@ public actor Box {
         switch event {
         case .connected(let id, let mtu):
             if failedHandshakes.isLimited(id.address, now: now) {
-                audit.notice("refused \(id.address) at connect: too many failed handshakes in the last minute")
+                audit.audit(.notice, .connectionRefused, "refused \(id.address) at connect: too many failed handshakes in the last minute")
                 outboxContinuation.yield(.disconnect(id))
                 return
             }
@@ -178,11 +196,11 @@ public actor Box {
                 // connections cannot keep an enrolled phone out.
                 guard let victim = links.values.filter({ $0.connection.state == .awaitingHandshake })
                         .min(by: { $0.connectedAt < $1.connectedAt }) else {
-                    audit.warning("refused \(id.address) at connect: \(links.count) authenticated connections already")
+                    audit.audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(links.count) authenticated connections already")
                     outboxContinuation.yield(.disconnect(id))
                     return
                 }
-                audit.notice("dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
+                audit.audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
                 links[victim.id] = nil
                 failedHandshakes.record(victim.id.address, now: now)
                 drop(victim.id)
@@ -210,7 +228,7 @@ public actor Box {
         do {
             message = try links[id]!.reassembler.receive(fragment, mtu: mtu, now: now)
         } catch {
-            audit.notice("dropped \(id.address): bad fragment: \(error)")
+            audit.audit(.notice, .connectionRefused, "dropped \(id.address): bad fragment: \(error)")
             failedHandshakes.record(id.address, now: now)
             let handshaking = links[id]!.connection.state == .awaitingHandshake
             if handshaking { send([Envelope.refusal(Refusal(.malformed)).encode()], to: id) }
@@ -249,7 +267,7 @@ public actor Box {
             presences[id]?.keepalive(now: now)
         case .pairingAttempt(let phone)?:
             enrolment.attempted(now: now)
-            audit.info("pairing attempt: phone \(phone.fingerprint) from \(id.address) (\(enrolment.live?.triesLeft ?? 0) tries left on the code)")
+            audit.audit(.info, .pairing, "pairing attempt: phone \(phone.fingerprint) from \(id.address) (\(enrolment.live?.triesLeft ?? 0) tries left on the code)", phone: phone.fingerprint)
         case .login(let push)?:
             startLogin(push, from: id, now: now)
         case .action(.pair)?:
@@ -272,10 +290,10 @@ public actor Box {
                 || code == .notEnrolled || code == .noPairingCode {
                 failedHandshakes.record(id.address, now: now)
             }
-            audit.notice("refused \(who): \(code)")
+            audit.audit(.notice, .connectionRefused, "refused \(who): \(code)", phone: phone?.fingerprint)
         case .protocolViolation(let why):
-            if links[id]?.pairingCode != nil { audit.notice("pairing failed \(who): wrong code (\(why))") } else {
-                audit.notice("dropped \(who): \(why)")
+            if links[id]?.pairingCode != nil { audit.audit(.notice, .pairingFailed, "pairing failed \(who): wrong code (\(why))", phone: phone?.fingerprint) } else {
+                audit.audit(.notice, .connectionRefused, "dropped \(who): \(why)", phone: phone?.fingerprint)
             }
         case .timedOut:
             failedHandshakes.record(id.address, now: now)
@@ -286,7 +304,7 @@ public actor Box {
             break
         case .detached:
             if let p = presences.removeValue(forKey: id) {
-                audit.info("presence link closed by the phone: phone \(p.phone.fingerprint) user \(logSafe(p.user)) (no walk-away action)")
+                audit.audit(.info, .presence, "presence link closed by the phone: phone \(p.phone.fingerprint) user \(logSafe(p.user)) (no walk-away action)", phone: p.phone.fingerprint, user: p.user)
                 readvertise()
             }
         }
@@ -313,12 +331,12 @@ public actor Box {
         guard let link = links.removeValue(forKey: id) else { return }
         logger.debug("disconnected \(id): \(reason)")
         if let presence = presences.removeValue(forKey: id) {
-            audit.info("presence link lost: phone \(presence.phone.fingerprint) user \(logSafe(presence.user)) (\(reason))")
+            audit.audit(.info, .presence, "presence link lost: phone \(presence.phone.fingerprint) user \(logSafe(presence.user)) (\(reason))", phone: presence.phone.fingerprint, user: presence.user)
             startGrace(phone: presence.phone, user: presence.user, reason: "link lost (\(reason))", now: now)
             readvertise()
         }
         if link.connection.state == .awaitingPairConfirm {
-            audit.notice("pairing failed: \(id.address) phone \(link.connection.phoneKey?.fingerprint ?? "?") left without proving the code")
+            audit.audit(.notice, .pairingFailed, "pairing failed: \(id.address) phone \(link.connection.phoneKey?.fingerprint ?? "?") left without proving the code", phone: link.connection.phoneKey?.fingerprint)
         }
         // A PAM stack verifying this link's push still gets its answer; the phone will not.
         if let promptID = link.prompt, prompts[promptID]?.verifying != nil {
@@ -334,7 +352,7 @@ public actor Box {
         // One phone per code: a second phone that handshook under it before the first
         // confirmed finds it used up.
         guard enrolment.current(now: now)?.code == code.code else {
-            audit.notice("pairing refused: phone \(phone.fingerprint): the code was used up or expired before it confirmed")
+            audit.audit(.notice, .pairingFailed, "pairing refused: phone \(phone.fingerprint): the code was used up or expired before it confirmed", phone: phone.fingerprint)
             guard var connection = links[id]?.connection else { return }
             let output = connection.finishAction(ActionResult(action: .pair, outcome: .failed))
             links[id]?.connection = connection
@@ -343,14 +361,14 @@ public actor Box {
         if let user = enrolment.paired(phone, code: code, now: now) {
             do {
                 try registry.enrol(phone, user: user, name: "", by: "pairing code (admin)")
-                audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin's pairing code")
+                audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin's pairing code", phone: phone.fingerprint, user: user)
             } catch {
                 logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
                 outcome = .failed
             }
         } else {
             let scope = code.user.map { " for user \(logSafe($0))" } ?? ""
-            audit.notice("paired: phone \(phone.fingerprint)\(scope); its first accepted login within \(config.pendingEnrolment) enrols it")
+            audit.audit(.notice, .pairing, "paired: phone \(phone.fingerprint)\(scope); its first accepted login within \(config.pendingEnrolment) enrols it", phone: phone.fingerprint, user: code.user)
         }
         guard var connection = links[id]?.connection else { return }
         let output = connection.finishAction(ActionResult(action: .pair, outcome: outcome))
@@ -363,7 +381,7 @@ public actor Box {
     public func newPairingCode(user: String) -> PAMReply {
         if !user.isEmpty, uid(of: user) == nil { return .error("no such user: \(user)") }
         let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, byAdmin: true, now: clock.now)
-        audit.notice("pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")")
+        audit.audit(.notice, .pairingCode, "pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")", user: user.isEmpty ? nil : user)
         return .text("Pairing code for box \(identity.boxID): \(live.code) (valid \(config.pairingCodeLifetime.components.seconds) s, \(live.triesLeft) tries)\(user.isEmpty ? "" : "; enrols the phone for \(user)")")
     }
 
@@ -373,7 +391,7 @@ public actor Box {
         guard !user.isEmpty, uid(of: user) != nil else { return .error("no such user: \(user)") }
         do {
             try registry.enrol(phone, user: user, name: name, by: "admin")
-            audit.notice("enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin")
+            audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin", phone: phone.fingerprint, user: user)
             return .text("enrolled \(phone.fingerprint) for \(user)")
         } catch {
             return .error("\(error)")
@@ -389,12 +407,12 @@ public actor Box {
         let enrolledFor = registry.users(of: phone)
         let pending = enrolment.pendingEnrolment(of: phone, now: now)
         guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user)) else {
-            audit.notice("refused push: \(who): this phone is not enrolled for that user")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): this phone is not enrolled for that user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
         }
         if rejectedByUser.isLimited(user, now: now) {
-            audit.notice("refused push: \(who): too many rejected pushes for this user")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes for this user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"), now: now)
             return
         }
@@ -403,13 +421,13 @@ public actor Box {
             links[id]?.prompt = nil
             Task { await self.unlockThroughLogind(push, phone: phone, on: id) }
         case .none:
-            audit.info("refused push: \(who): box is not at a login prompt")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
         case .otherUser:
-            audit.info("refused push: \(who): the waiting prompt is for another user")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): the waiting prompt is for another user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.wrongUser, reason: "the box's prompt is for another user"), now: now)
         case .ambiguous(let candidates):
-            audit.notice("refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
         case .prompt(let promptID):
             let ticket = registered.issueTicket(phone: phone, user: user, now: now)
@@ -419,7 +437,7 @@ public actor Box {
                                                  name: push.deviceName, ticket: ticket)
             prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
-            audit.info("login attempt: \(who) into \(logSafe(prompts[promptID]!.description))")
+            audit.audit(.info, .loginAttempt, "login attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
             waiters.removeValue(forKey: promptID)?.resume(returning: .push(user: user, password: push.password, ticket: ticket))
             readvertise()
         }
@@ -433,37 +451,37 @@ public actor Box {
         let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
         func finish(_ result: LoginResult) { finishLogin(on: id, result, now: clock.now) }
         guard let uid = uid(of: user) else {
-            audit.notice("refused push: \(who): no such user")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): no such user", phone: phone.fingerprint, user: user)
             return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
         }
         let locked: [LoginSession]
         do { locked = try await sessions.sessions(ofUID: uid).filter { $0.isLocal && $0.locked && $0.sessionClass == "user" } } catch {
-            audit.warning("refused push: \(who): logind did not answer (\(error))")
+            audit.audit(.warning, .pushRefused, "refused push: \(who): logind did not answer (\(error))", phone: phone.fingerprint, user: user)
             return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
         }
         guard let session = locked.first else {
-            audit.info("refused push: \(who): box is not at a login prompt and \(logSafe(user)) has no locked local session")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): box is not at a login prompt and \(logSafe(user)) has no locked local session", phone: phone.fingerprint, user: user)
             return finish(LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"))
         }
         guard locked.count == 1 else {
-            audit.notice("refused push: \(who): \(locked.count) locked sessions could take it")
+            audit.audit(.notice, .pushRefused, "refused push: \(who): \(locked.count) locked sessions could take it", phone: phone.fingerprint, user: user)
             return finish(LoginResult(.ambiguousPrompt, reason: String("more than one locked session: \(locked.map(\.place).joined(separator: "; "))".prefix(LoginResult.maxReasonLength))))
         }
         let place = "session \(session.id) (\(session.place))"
-        audit.info("login attempt: \(who) into \(logSafe(config.verifyService)) to unlock \(logSafe(place)) through logind")
+        audit.audit(.info, .loginAttempt, "login attempt: \(who) into \(logSafe(config.verifyService)) to unlock \(logSafe(place)) through logind", phone: phone.fingerprint, user: user, service: config.verifyService)
         let verdict = await PAMVerifier(service: config.verifyService).verify(user: user, password: push.password)
         let now = clock.now
         guard verdict == .accepted else {
             recordRejection(phone, user: user, now: now)
             let reason = if case .rejected(let r) = verdict { r } else { "" }
-            audit.notice("login rejected: \(who) via \(logSafe(config.verifyService)): \(logSafe(reason))")
+            audit.audit(.notice, .loginRejected, "login rejected: \(who) via \(logSafe(config.verifyService)): \(logSafe(reason))", phone: phone.fingerprint, user: user, service: config.verifyService)
             return finish(LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))))
         }
         do { try await sessions.unlock(session: session.id) } catch {
             logger.error("logind did not unlock \(logSafe(place)): \(error)")
             return finish(LoginResult(.timedOut, reason: "the password was accepted, but logind did not unlock the session"))
         }
-        audit.info("login accepted: \(who) via \(logSafe(config.verifyService)); unlocked \(logSafe(place)) through logind")
+        audit.audit(.info, .loginAccepted, "login accepted: \(who) via \(logSafe(config.verifyService)); unlocked \(logSafe(place)) through logind", phone: phone.fingerprint, user: user, service: config.verifyService)
         credit(phone, user: user, name: push.deviceName, on: id, session: session, service: config.verifyService, now: now)
         finish(LoginResult(.accepted, reason: String("\(place) unlocked through logind".prefix(LoginResult.maxReasonLength))))
         readvertise()
@@ -476,7 +494,7 @@ public actor Box {
         if !registry.users(of: phone).contains(user) {
             do {
                 try registry.enrol(phone, user: user, name: name, by: "pairing code")
-                audit.notice("enrolled: phone \(phone.fingerprint) (\(logSafe(name))) for user \(logSafe(user)) by its first login under a pairing code")
+                audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) (\(logSafe(name))) for user \(logSafe(user)) by its first login under a pairing code", phone: phone.fingerprint, user: user)
             } catch {
                 logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
             }
@@ -512,16 +530,16 @@ public actor Box {
     public func registerPrompt(_ request: PAMRequest.WaitRequest, peer: PAMPeer) async -> (id: UInt64?, reply: PAMReply) {
         let what = "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(peer.pid))"
         guard config.phoneLoginServices.contains(request.service) else {
-            audit.info("not offering phone login to \(what): service not configured for it")
+            audit.audit(.notice, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
             return (nil, .notOffered("phone login is not enabled for \(request.service)"))
         }
         let owner: LoginSession?
         do { owner = try await sessions.session(ofPID: peer.pid) } catch {
-            audit.warning("not offering phone login to \(what): logind did not answer (\(error))")
+            audit.audit(.warning, .notOffered, "not offering phone login to \(what): logind did not answer (\(error))", service: request.service)
             return (nil, .notOffered("logind did not answer"))
         }
         if let why = Locality.refusal(request, owner: owner) {
-            audit.notice("not offering phone login to \(what): \(why)")
+            audit.audit(.notice, .notOffered, "not offering phone login to \(what): \(why)", service: request.service)
             return (nil, .notOffered(why))
         }
         let now = clock.now
@@ -584,28 +602,28 @@ public actor Box {
             // A pending phone is enrolled only once the box itself confirms its password.
             let check = await PAMVerifier(service: config.verifyService).verify(user: v.user, password: password)
             if case .rejected(let why) = check {
-                audit.notice("not enrolling: \(who): the box's own check (\(logSafe(config.verifyService))) did not confirm the pushed password: \(logSafe(why))")
+                audit.audit(.notice, .loginRejected, "not enrolling: \(who): the box's own check (\(logSafe(config.verifyService))) did not confirm the pushed password: \(logSafe(why))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
                 verdict = .acceptedOther
             }
         }
         let now = clock.now
         switch verdict {
         case .accepted:
-            audit.info("login accepted: \(who)")
+            audit.audit(.info, .loginAccepted, "login accepted: \(who)", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             // A locker in the user's own session: that session is the one this push unlocked.
             let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
             credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: prompt.request.service, now: now)
             finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
             readvertise()
         case .acceptedOther:
-            audit.notice("login completed without the phone's password: \(who); the phone gets no credit")
+            audit.audit(.notice, .loginRejected, "login completed without the phone's password: \(who); the phone gets no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             _ = registered.redeem(v.ticket, user: v.user, now: now)
             recordRejection(v.phone, user: v.user, now: now)
             finishLogin(on: v.link, LoginResult(.rejected, reason: "the box logged in with a password typed at the keyboard, not the one this phone pushed"), now: now)
         case .rejected:
             _ = registered.redeem(v.ticket, user: v.user, now: now)
             recordRejection(v.phone, user: v.user, now: now)
-            audit.notice("login rejected: \(who): \(logSafe(reason))")
+            audit.audit(.notice, .loginRejected, "login rejected: \(who): \(logSafe(reason))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
         }
     }
@@ -615,17 +633,17 @@ public actor Box {
     public func openSession(user: String, sessionID: String, service: String, ticket: String) async {
         let what = "session \(logSafe(sessionID)) for \(logSafe(user)) by \(logSafe(service))"
         guard let uid = uid(of: user) else {
-            audit.notice("refused to register \(what): no such user")
+            audit.audit(.notice, .sessionRefused, "refused to register \(what): no such user", user: user, service: service)
             return
         }
         let session: LoginSession?
         do { session = try await sessions.session(id: sessionID) } catch {
-            audit.warning("refused to register \(what): logind did not answer (\(error))")
+            audit.audit(.warning, .sessionRefused, "refused to register \(what): logind did not answer (\(error))", user: user, service: service)
             return
         }
-        guard let session else { audit.notice("refused to register \(what): logind does not know it"); return }
+        guard let session else { audit.audit(.notice, .sessionRefused, "refused to register \(what): logind does not know it", user: user, service: service); return }
         guard session.uid == uid else {
-            audit.warning("refused to register \(what): logind says it belongs to uid \(session.uid), not \(uid)")
+            audit.audit(.warning, .sessionRefused, "refused to register \(what): logind says it belongs to uid \(session.uid), not \(uid)", user: user, service: service)
             return
         }
         guard session.isLocal else {
@@ -648,7 +666,7 @@ public actor Box {
         let users = registry.users(of: phone)
         var outcome: ActionResult.Outcome = .noSession
         if users.isEmpty {
-            audit.notice("refused \(action) from phone \(phone.fingerprint): not enrolled")
+            audit.audit(.notice, .pushRefused, "refused \(action) from phone \(phone.fingerprint): not enrolled", phone: phone.fingerprint)
         } else {
             let bound = registered.sessions(boundTo: phone)
             let known = users.flatMap { registered.sessions(of: $0) }
@@ -661,7 +679,7 @@ public actor Box {
                 endPresence(of: phone)
             case .logout:
                 if targets.isEmpty {
-                    audit.notice("refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))")
+                    audit.audit(.notice, .pushRefused, "refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))", phone: phone.fingerprint)
                 } else {
                     outcome = await run("logout", targets, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
                     if outcome == .done { for s in targets { registered.close(s.id) } }
@@ -682,10 +700,10 @@ public actor Box {
                 if let user = candidate {
                     graces[phone] = nil
                     presences[id] = startedPresence(phone: phone, user: user, now: clock.now)
-                    audit.info("presence link back: phone \(phone.fingerprint) user \(logSafe(user))")
+                    audit.audit(.info, .presence, "presence link back: phone \(phone.fingerprint) user \(logSafe(user))", phone: phone.fingerprint, user: user)
                     outcome = .done
                 } else {
-                    audit.info("refused attach from phone \(phone.fingerprint): no unlocked session on record")
+                    audit.audit(.notice, .pushRefused, "refused attach from phone \(phone.fingerprint): no unlocked session on record", phone: phone.fingerprint)
                 }
             case .pair:
                 break
@@ -713,7 +731,7 @@ public actor Box {
         for s in targets {
             do {
                 try await body(s.id)
-                audit.notice("\(what): session \(logSafe(s.id)) (\(logSafe(s.place))) user \(logSafe(s.user)) phone \(phone.fingerprint) (\(reason))")
+                audit.audit(.notice, .sessionAction, "\(what): session \(logSafe(s.id)) (\(logSafe(s.place))) user \(logSafe(s.user)) phone \(phone.fingerprint) (\(reason))", phone: phone.fingerprint, user: s.user)
                 done += 1
             } catch {
                 logger.error("\(what) of session \(logSafe(s.id)) failed: \(error)")
@@ -730,10 +748,10 @@ public actor Box {
             for user in users {
                 guard let uid = uid(of: user) else { continue }
                 do { list += try await sessions.sessions(ofUID: uid).filter(\.isLocal) } catch {
-                    audit.error("cannot list the sessions of \(logSafe(user)) to lock them: \(error)")
+                    audit.audit(.error, .sessionAction, "cannot list the sessions of \(logSafe(user)) to lock them: \(error)")
                 }
             }
-            audit.notice("no session on record for \(users.map(logSafe).joined(separator: ", ")): locking all \(list.count) local session(s)")
+            audit.audit(.notice, .sessionAction, "no session on record for \(users.map(logSafe).joined(separator: ", ")): locking all \(list.count) local session(s)", phone: phone.fingerprint)
         }
         guard !list.isEmpty else { return .noSession }
         let outcome = await run(reason.hasPrefix("phone") ? "lock" : "walk-away lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
@@ -752,7 +770,7 @@ public actor Box {
             open = still
         }
         for id in open {
-            audit.error("session \(logSafe(id)) did not report itself locked 2 s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console or a desktop without a logind-aware locker; it may still be open")
+            audit.audit(.error, .sessionAction, "session \(logSafe(id)) did not report itself locked 2 s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console or a desktop without a logind-aware locker; it may still be open")
         }
     }
 
@@ -800,7 +818,7 @@ public actor Box {
     private func checkPresence(_ id: CentralID, now: Duration) async {
         guard let p = presences[id], let why = p.away(now: now) else { return }
         presences[id] = nil
-        audit.notice("walked away: phone \(p.phone.fingerprint) user \(logSafe(p.user)): \(why)")
+        audit.audit(.notice, .sessionAction, "walked away: phone \(p.phone.fingerprint) user \(logSafe(p.user)): \(why)", phone: p.phone.fingerprint, user: p.user)
         drop(id)
         readvertise()
         await walkAway(phone: p.phone, user: p.user, reason: why)
@@ -817,7 +835,7 @@ public actor Box {
         for id in Array(links.keys) {
             guard var link = links[id] else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
-                audit.notice("dropped \(id.address): stalled mid-message")
+                audit.audit(.notice, .connectionRefused, "dropped \(id.address): stalled mid-message")
                 drop(id)
             }
             let output = link.connection.tick(now: now)
@@ -870,7 +888,7 @@ public actor Box {
     public func revoke(fingerprint: String) -> PAMReply {
         do {
             let phone = try registry.revoke(fingerprint: fingerprint)
-            audit.notice("revoked: phone \(phone.fingerprint) (\(logSafe(phone.name))) users \(phone.users.map(logSafe).joined(separator: ","))")
+            audit.audit(.notice, .revoked, "revoked: phone \(phone.fingerprint) (\(logSafe(phone.name))) users \(phone.users.map(logSafe).joined(separator: ","))", phone: phone.fingerprint)
             // Drop its live links: a revoked phone keeps nothing.
             for (id, link) in links where link.connection.phoneKey.map({ hex($0.bytes) }) == phone.key {
                 presences[id] = nil

@@ -7,6 +7,7 @@ import BoxkeySimRadio
 import Foundation
 import Logging
 import ServiceLifecycle
+import UnixSignals
 import NIOConcurrencyHelpers
 
 /// Assembles the daemon from its configuration: identity, phone registry, radio, logind, and
@@ -22,7 +23,9 @@ public enum Daemon {
         return DeviceAddress("00:B0:C5:00:\(d.prefix(2)):\(d.suffix(2))")!
     }
 
-    public static func run(config: DaemonConfig, sessions: any SessionControl = LogindSessionControl(), logger: Logger) async throws {
+    /// `reload` re-reads the configuration file on SIGHUP (nil: SIGHUP is ignored).
+    public static func run(config: DaemonConfig, sessions: any SessionControl = LogindSessionControl(), logger: Logger,
+                           reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
         let boxRadio = try await openRadio(config, logger: logger)
@@ -48,8 +51,9 @@ public enum Daemon {
         let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
         let presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
+        let reloader = ReloadService(box: box, load: reload ?? { config }, logger: logger)
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: radio), .init(service: presence), .init(service: bridge)],
+            services: [.init(service: radio), .init(service: presence), .init(service: bridge), .init(service: reloader)],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         try await group.run()
@@ -168,6 +172,32 @@ public enum Daemon {
     static func hardenProcess() {
         _ = boxkey_disable_core_dumps()
         umask(0o077)
+    }
+}
+
+/// SIGHUP (`systemctl reload boxkeyd`): re-reads the configuration file and applies what can
+/// change while running. A file that no longer parses changes nothing.
+struct ReloadService: Service {
+    let box: Box
+    let load: @Sendable () throws -> DaemonConfig
+    let logger: Logger
+
+    func run() async throws {
+        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
+            var now = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
+            do {
+                let (changed, needRestart) = await box.reload(try load())
+                logger.notice("reloaded the configuration\(changed ? "" : ": nothing to change")")
+                if !needRestart.isEmpty {
+                    logger.warning("not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))")
+                }
+            } catch {
+                logger.error("reload failed, the running settings stay: \(error)")
+            }
+            SystemdNotify.send("READY=1")
+        }
     }
 }
 

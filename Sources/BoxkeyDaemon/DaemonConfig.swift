@@ -72,6 +72,39 @@ public struct DaemonConfig: Sendable, Equatable {
 
     public init() {}
 
+    /// What SIGHUP cannot change: the box's identity and files, the radio, and the PAM socket
+    /// (created, and handed to `allowed_uids`, at start). Each entry: the key, and its value.
+    static let restartOnly: [(key: String, value: @Sendable (DaemonConfig) -> String)] = [
+        ("[box] id", { $0.boxID?.description ?? "" }),
+        ("[box] state_directory", { $0.stateDirectory }),
+        ("[radio] backend", { $0.radio.rawValue }),
+        ("[radio] adapter", { $0.adapter }),
+        ("[radio] advertising_interval_ms", { "\($0.advertisingInterval)" }),
+        ("[radio] nonce_rotation_s", { "\($0.nonceRotation)" }),
+        ("[radio] sim_directory", { $0.simDirectory }),
+        ("[radio] sim_position", { "\($0.simPosition)" }),
+        ("[pam] socket", { $0.pamSocket }),
+        ("[pam] allowed_uids", { "\($0.pamAllowedUIDs)" }),
+    ]
+
+    /// `reloaded` with the keys that need a restart kept as they are now, and the names of
+    /// those keys whose value differs there.
+    public func reloading(_ reloaded: DaemonConfig) -> (config: DaemonConfig, needRestart: [String]) {
+        var next = reloaded
+        next.boxID = boxID
+        next.stateDirectory = stateDirectory
+        next.radio = radio
+        next.adapter = adapter
+        next.advertisingInterval = advertisingInterval
+        next.nonceRotation = nonceRotation
+        next.simDirectory = simDirectory
+        next.simPosition = simPosition
+        next.pamSocket = pamSocket
+        next.pamAllowedUIDs = pamAllowedUIDs
+        let changed = Self.restartOnly.filter { $0.value(self) != $0.value(reloaded) }.map(\.key)
+        return (next, changed)
+    }
+
     public struct Error: Swift.Error, CustomStringConvertible, Equatable {
         public let description: String
         init(_ d: String) { description = d }

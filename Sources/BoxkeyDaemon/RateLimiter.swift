@@ -1,7 +1,7 @@
 /// Counts events in a sliding window: "at most `limit` in any `window`". Pure; time is passed in.
 public struct RateLimiter<Key: Hashable & Sendable>: Sendable {
-    public let limit: Int
-    public let window: Duration
+    public var limit: Int
+    public var window: Duration
     private var events: [Key: [Duration]] = [:]
 
     public init(limit: Int, window: Duration) {

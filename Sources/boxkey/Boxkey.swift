@@ -23,7 +23,7 @@ struct Boxkey: AsyncParsableCommand {
         """,
         version: "boxkey \(BoxkeyRelease.description)",
         subcommands: [Scan.self, Pair.self, Forget.self, Credentials.self, PIN.self, Login.self, Lock.self, Logout.self,
-                      Status.self, Agent.self, Sim.self])
+                      Status.self, Doctor.self, Agent.self, Sim.self])
 }
 
 extension BoxID: ExpressibleByArgument {

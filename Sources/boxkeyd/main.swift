@@ -13,7 +13,7 @@ struct Boxkeyd: AsyncParsableCommand {
         abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
         discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; every key is documented in docs/operations.md). Admin commands talk to the running daemon over its root-only socket.\n\nExit status: 0 success; 1 failure (the daemon could not start, or refused the request); 64 bad arguments; 69 the daemon is not answering; 78 the configuration file is invalid.",
         version: "boxkeyd \(BoxkeyRelease.description)",
-        subcommands: [Run.self, Status.self, PairCode.self, Phones.self],
+        subcommands: [Run.self, Status.self, PairCode.self, Phones.self, Doctor.self],
         defaultSubcommand: Run.self)
 }
 
@@ -86,17 +86,16 @@ extension Boxkeyd {
                 return
             }
             let level = Logger.Level(rawValue: logLevel)!  // checked in validate()
-            LoggingSystem.bootstrap { label in
-                var handler = StreamLogHandler.standardError(label: label)
-                handler.logLevel = level
-                return handler
-            }
+            LoggingSystem.bootstrap { label in DaemonLogHandler(label: label, level: level) }
             let logger = Logger(label: "boxkeyd")
             if !options.fileExists {
                 logger.notice("no configuration file at \(options.config): every setting has its default (docs/operations.md lists them)")
             }
             do {
-                try await Daemon.run(config: config, logger: logger)
+                // SIGHUP re-reads the file; the options given here override only keys that a
+                // reload keeps as they are anyway.
+                let path = options.config
+                try await Daemon.run(config: config, logger: logger, reload: { try DaemonConfig.load(path: path) })
             } catch let error as Daemon.StartError {
                 logger.critical("cannot start: \(error.description)")
                 throw ExitCode(1)
@@ -111,6 +110,29 @@ extension Boxkeyd {
         func run() throws {
             let answer = try ask(.daemonStatus, options)
             print(json ? answer : try AdminJSON.decode(DaemonStatus.self, answer).text)
+        }
+    }
+
+    struct Doctor: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Check what breaks a box in the field (configuration, D-Bus, bluetoothd and the adapter, logind, the daemon, its state, the PAM module and every phone-login stack) and say what to do.",
+            discussion: "Each line is ok, warning or FAILED. Exit status 0 when nothing failed, 1 otherwise.")
+        @OptionGroup var options: DaemonOptions
+        @Flag(help: "As a JSON object.") var json = false
+        func run() async throws {
+            var config = DaemonConfig()
+            var problem: String?
+            do { config = try DaemonConfig.load(path: options.config) } catch { problem = "\(error)" }
+            if let socket = options.socket { config.pamSocket = socket }
+            let report = await BoxDoctor.run(config: config, configProblem: problem, configPath: options.config)
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                print(String(decoding: try encoder.encode(report), as: UTF8.self))
+            } else {
+                print(report.text)
+            }
+            if report.failed { throw ExitCode(1) }
         }
     }
 

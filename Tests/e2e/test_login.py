@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -322,3 +323,54 @@ def test_rolled_back_vault_still_costs_argon2id_per_guess(world):
     r = world.phone("login", "--no-stay", stdin="111111\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
     assert r.returncode == 5 and "9 attempts left" in r.stderr
     assert time.monotonic() - start >= 0.25
+
+
+def test_sighup_reloads_what_it_can_and_keeps_the_rest(world):
+    world.start_box()
+    world.pair_and_store()
+    pid = world.box_process.pid
+    # The phone-login services change at once: without boxkey-test in the list, its prompt is
+    # not offered any more, and its password prompt works as before.
+    world.settings["pam"]["services"] = ["login"]
+    world.settings["box"]["id"] = "4822"  # the box ID needs a restart: said, not applied
+    world.config()
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: "reloaded the configuration" in world.box_output(), what="the reload")
+    assert "not applied until boxkeyd restarts: [box] id" in world.box_output()
+    prompt = world.greeter(stdin=PASSWORD + "\n", wait=False)
+    wait_for(lambda: "not offering phone login to boxkey-test" in world.box_output(), what="the refusal")
+    code, out = world.finish(prompt)
+    assert code == 0 and "Box 4821" not in out, out
+    assert json.loads(world.admin("status", "--json").stdout)["boxID"] == "4821"
+    # A file that no longer parses changes nothing: the last good settings stay.
+    with open(world.config(), "a") as f:
+        f.write("[pam\n")
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: "reload failed, the running settings stay" in world.box_output(), what="the failed reload")
+    assert world.box_process.poll() is None
+    world.settings["pam"]["services"] = ["boxkey-test"]
+    world.config()
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: world.box_output().count("reloaded the configuration") == 2, what="the second reload")
+    prompt = world.greeter()
+    assert world.phone("login", "--no-stay").returncode == 0
+    assert world.finish(prompt)[0] == 0
+
+
+def test_boxkeyd_doctor_checks_the_daemon_and_the_configuration(world):
+    world.start_box()
+    r = world.admin("doctor")
+    out = r.stdout
+    assert "ok      boxkeyd: answering on " + world.socket + ": box 4821" in out, out + r.stderr
+    assert "ok      configuration: " in out
+    # Tests run the simulated radio: said, with what to do.
+    assert 'warning radio: [radio] backend = "simulated"' in out
+    # A bad file is one finding among the others, not the end of the checks.
+    bad = os.path.join(world.work, "bad.conf")
+    with open(bad, "w") as f:
+        f.write("[presence]\npolicy = \"explode\"\n")
+    # With the file unreadable, the defaults stand, and --socket names the daemon's.
+    r = subprocess.run([world.bins["boxkeyd"], "doctor", "--config", bad, "--socket", world.socket], env=world.box_env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED  configuration: " + bad + " line 2: [presence] policy must be lock, logout or none" in r.stdout
+    assert "ok      boxkeyd: answering" in r.stdout

@@ -307,11 +307,28 @@ def test_logout_asks_first(world):
     wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), what="TerminateSession")
 
 
+def test_doctor_says_what_is_wrong_and_what_to_do(world):
+    world.start_box()
+    r = world.phone("doctor")
+    assert r.returncode == 0 and "warning phone key: none yet" in r.stdout, r.stdout + r.stderr
+    world.pair_and_store()
+    r = world.phone("doctor", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = {f["check"]: f for f in json.loads(r.stdout)["findings"]}
+    assert found["boxes"]["level"] == "ok" and "4821 (default)" in found["boxes"]["detail"]
+    assert found["credentials"]["level"] == "ok" and found["phone key"]["level"] == "ok"
+    config = os.path.join(world.env["XDG_CONFIG_HOME"], "boxkey")
+    os.chmod(config, 0o755)
+    r = world.phone("doctor")
+    assert r.returncode == 1, r.stdout
+    assert f"FAILED  configuration folder: {config} is mode 755" in r.stdout and f"chmod 700 {config}" in r.stdout
+
+
 # --- every --help text, against Tests/e2e/help/ --------------------------------------------------
 
 COMMANDS = [(), ("scan",), ("pair",), ("forget",), ("credentials",), ("credentials", "set"), ("credentials", "clear"),
             ("credentials", "show"), ("pin",), ("pin", "set"), ("pin", "change"), ("pin", "clear"), ("login",), ("lock",),
-            ("logout",), ("status",), ("agent",), ("agent", "start"), ("agent", "status"), ("agent", "forget"),
+            ("logout",), ("status",), ("doctor",), ("agent",), ("agent", "start"), ("agent", "status"), ("agent", "forget"),
             ("agent", "stop"), ("sim",), ("sim", "move")]
 
 

@@ -27,9 +27,9 @@ public struct Enrolment: Sendable {
         public var until: Duration
     }
 
-    public let lifetime: Duration
-    public let tries: Int
-    public let pendingWindow: Duration
+    public var lifetime: Duration
+    public var tries: Int
+    public var pendingWindow: Duration
     public private(set) var live: LiveCode?
     private var pending: [PublicKey: Pending] = [:]
 

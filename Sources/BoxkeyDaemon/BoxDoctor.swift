@@ -1,0 +1,126 @@
+import BoxkeyDBus
+import BoxkeyHost
+import BoxkeyPAMWire
+import Foundation
+
+/// `boxkeyd doctor`: what breaks on a box in the field, each with what to do. Reads only;
+/// changes nothing.
+public enum BoxDoctor {
+    /// Where the PAM modules may be, newest layout first (Debian's multiarch folder, then others).
+    static let moduleFolders = ["/lib/x86_64-linux-gnu/security", "/lib/aarch64-linux-gnu/security", "/usr/lib/x86_64-linux-gnu/security",
+                                "/usr/lib/aarch64-linux-gnu/security", "/usr/lib64/security", "/lib64/security", "/usr/lib/security", "/lib/security"]
+
+    public static func run(config: DaemonConfig, configProblem: String?, configPath: String, pamDirectory: String = "/etc/pam.d") async -> DoctorReport {
+        var report = DoctorReport()
+        if let configProblem {
+            report.fail("configuration", configProblem, do: "fix the line it names; `boxkeyd --check-config` checks again (boxkeyd.conf(5))")
+        } else {
+            report.ok("configuration", FileManager.default.fileExists(atPath: configPath) ? configPath : "\(configPath) absent: every default")
+        }
+        if getuid() != 0 {
+            report.warn("permissions", "not root: the daemon's socket and state cannot be checked", do: "run it as root: sudo boxkeyd doctor")
+        }
+
+        switch config.radio {
+        case .simulated:
+            report.warn("radio", "[radio] backend = \"simulated\": no phone on real Bluetooth hears this box", do: "set backend = \"bluez\" unless this is a test")
+        case .bluez, .auto:
+            report.append(await RadioDoctor.check(adapter: config.adapter))
+        }
+        report.append(await logind())
+        report.append(daemon(socket: config.pamSocket))
+        report.append(stateDirectory(config.stateDirectory))
+
+        if let module = moduleFolders.map({ $0 + "/pam_boxkey.so" }).first(where: { FileManager.default.fileExists(atPath: $0) }) {
+            report.ok("PAM module", module)
+        } else {
+            report.fail("PAM module", "pam_boxkey.so is not in the PAM modules' folder", do: "apt install libpam-boxkey (or scripts/install)")
+        }
+        let read: (String) -> String? = { try? String(contentsOfFile: "\(pamDirectory)/\($0)", encoding: .utf8) }
+        var anyService = false
+        for service in config.phoneLoginServices.sorted() {
+            guard let lines = PAMStack.authLines(service, read: read) else { continue }
+            anyService = true
+            let check = "PAM service \(service)"
+            switch PAMStack.judge(lines) {
+            case .good(let verifier):
+                report.ok(check, "pam_boxkey, then \(verifier) takes the pushed password")
+            case .absent:
+                report.warn(check, "pam_boxkey is not in its auth stack: no phone login here", do: "pam-auth-update --enable boxkey (or add pam/pam-configs/boxkey's line before the password module)")
+            case .noVerifierAfter:
+                report.fail(check, "nothing checks the password after pam_boxkey", do: "put the password module (pam_unix, pam_sss) after it with try_first_pass")
+            case .verifierIgnoresPush(let verifier):
+                report.fail(check, "\(verifier) after pam_boxkey asks for the password itself: the push is not used", do: "add try_first_pass to \(verifier)")
+            case .endsStack(let control):
+                report.fail(check, "pam_boxkey's control \(control) ends the stack on its own success: nothing would check the password", do: "use [success=ok default=ignore]")
+            case .afterVerifier(let verifier):
+                report.warn(check, "pam_boxkey comes after \(verifier): the password prompt comes first", do: "move pam_boxkey before \(verifier)")
+            }
+        }
+        if !anyService {
+            report.warn("PAM services", "none of [pam] services has a file in \(pamDirectory)", do: "install the display manager, or list its service in [pam] services")
+        }
+        let verify = config.verifyService
+        if let lines = PAMStack.authLines(verify, read: read) {
+            if lines.contains(where: { $0.name == "pam_boxkey" }) {
+                report.fail("PAM service \(verify)", "has pam_boxkey: the box's own check would wait for a push", do: "leave only the password module in \(pamDirectory)/\(verify)")
+            } else if !lines.contains(where: { PAMStack.verifiers.contains($0.name) }) {
+                report.warn("PAM service \(verify)", "no password module in it", do: "put the site's verifier in \(pamDirectory)/\(verify) (pam_unix or pam_sss)")
+            } else {
+                report.ok("PAM service \(verify)", "the box's own password check is there")
+            }
+        } else {
+            report.warn("PAM service \(verify)", "\(pamDirectory)/\(verify) is missing: PAM uses \"other\", and new phones cannot be confirmed",
+                        do: "install it from the boxkeyd package (pam/examples/boxkey-verify)")
+        }
+        return report
+    }
+
+    static func logind() async -> DoctorReport {
+        var report = DoctorReport()
+        do {
+            let bus = try DBusConnection(.system)
+            defer { bus.close() }
+            _ = try await bus.call("org.freedesktop.login1", "/org/freedesktop/login1", "org.freedesktop.login1.Manager", "ListSessions", timeout: .seconds(3))
+            report.ok("systemd-logind", "answering")
+        } catch {
+            report.fail("systemd-logind", "not answering (\(error)): phone login is refused and walk-away cannot lock",
+                        do: "systemctl status systemd-logind")
+        }
+        return report
+    }
+
+    static func daemon(socket: String) -> DoctorReport {
+        var report = DoctorReport()
+        do {
+            let client = try PAMSocketClient(path: socket)
+            try client.send(.daemonStatus)
+            guard case .text(let text) = try client.receive(timeoutMilliseconds: 5000),
+                  let status = try? AdminJSON.decode(DaemonStatus.self, text) else {
+                report.fail("boxkeyd", "answered \(socket) with something unexpected", do: "systemctl restart boxkeyd; journalctl -u boxkeyd")
+                return report
+            }
+            report.ok("boxkeyd", "answering on \(socket): box \(status.boxID), \(status.radio), \(status.enrolledPhones) phone(s) enrolled")
+        } catch {
+            report.fail("boxkeyd", "not answering on \(socket) (\(error)): logins fall back to the password prompt",
+                        do: "systemctl enable --now boxkeyd; journalctl -u boxkeyd says why it stopped")
+        }
+        return report
+    }
+
+    static func stateDirectory(_ path: String) -> DoctorReport {
+        var report = DoctorReport()
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            report.warn("state", "\(path) does not exist yet", do: "boxkeyd makes it when it starts (systemd: StateDirectory=boxkey)")
+            return report
+        }
+        if st.st_uid != 0 || st.st_mode & 0o077 != 0 {
+            report.fail("state", "\(path) is mode \(String(st.st_mode & 0o7777, radix: 8)), owner uid \(st.st_uid): others may read the box key",
+                        do: "chown root: \(path) && chmod 700 \(path)")
+        } else {
+            report.ok("state", "\(path), root only")
+        }
+        return report
+    }
+}

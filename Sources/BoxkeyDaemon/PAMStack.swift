@@ -1,0 +1,95 @@
+/// A PAM service's auth stack as libpam reads it (`@include`, `include`, `substack`), and
+/// whether pam_boxkey sits where it works: before a password module that takes the pushed
+/// password (`use_first_pass` or `try_first_pass`), never as the module that ends the stack.
+/// Pure: files come through `read`. `boxkeyd doctor` uses it on every configured service.
+public enum PAMStack {
+    public struct Line: Equatable, Sendable {
+        public var control: String
+        public var module: String
+        public var arguments: [String]
+        /// The module's name: "pam_unix" for "/lib/x86_64-linux-gnu/security/pam_unix.so".
+        public var name: String {
+            let base = module.split(separator: "/").last.map(String.init) ?? module
+            return base.hasSuffix(".so") ? String(base.dropLast(3)) : base
+        }
+    }
+
+    public enum Verdict: Equatable, Sendable {
+        case good(verifier: String)
+        /// pam_boxkey is not in the stack: no phone login here.
+        case absent
+        /// Nothing checks the password after it.
+        case noVerifierAfter
+        /// The module after it asks for a password itself: the push is not used.
+        case verifierIgnoresPush(String)
+        /// Its control can end the stack on its own success.
+        case endsStack(control: String)
+        /// It comes after the password module: the password prompt shows first.
+        case afterVerifier(String)
+    }
+
+    /// Modules that check a password (and honour use_first_pass or try_first_pass).
+    static let verifiers: Set<String> = ["pam_unix", "pam_sss", "pam_krb5", "pam_ldap", "pam_winbind", "pam_userdb", "pam_matrix"]
+
+    /// The auth lines of `service`, includes expanded in place; nil when its file is missing.
+    /// `read` gives a file of /etc/pam.d by name (nil: no such file).
+    public static func authLines(_ service: String, read: (String) -> String?) -> [Line]? {
+        authLines(service, read: read, depth: 0)
+    }
+
+    private static func authLines(_ service: String, read: (String) -> String?, depth: Int) -> [Line]? {
+        guard depth < 16, let text = read(service) else { return nil }
+        var lines: [Line] = []
+        var logical = ""
+        for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
+            var line = String(raw)
+            if let hash = line.firstIndex(of: "#") { line = String(line[..<hash]) }
+            if line.hasSuffix("\\") { logical += line.dropLast() + " "; continue }
+            line = logical + line
+            logical = ""
+            let words = tokens(line)
+            guard let first = words.first else { continue }
+            if first == "@include", words.count > 1 {
+                lines += authLines(words[1], read: read, depth: depth + 1) ?? []
+                continue
+            }
+            guard first == "auth" || first == "-auth", words.count >= 3 else { continue }
+            if words[1] == "include" || words[1] == "substack" {
+                lines += authLines(words[2], read: read, depth: depth + 1) ?? []
+                continue
+            }
+            lines.append(Line(control: words[1], module: words[2], arguments: Array(words.dropFirst(3))))
+        }
+        return lines
+    }
+
+    /// Words of a line; a `[...]` control is one word, spaces and all.
+    static func tokens(_ line: String) -> [String] {
+        var words: [String] = []
+        var word = ""
+        var bracket = false
+        for c in line {
+            if c == "[" { bracket = true }
+            if c == "]" { bracket = false }
+            if (c == " " || c == "\t") && !bracket {
+                if !word.isEmpty { words.append(word); word = "" }
+            } else {
+                word.append(c)
+            }
+        }
+        if !word.isEmpty { words.append(word) }
+        return words
+    }
+
+    public static func judge(_ lines: [Line]) -> Verdict {
+        guard let at = lines.firstIndex(where: { $0.name == "pam_boxkey" }) else { return .absent }
+        let control = lines[at].control
+        if control == "sufficient" || control.contains("success=done") || control.contains("success=end") {
+            return .endsStack(control: control)
+        }
+        if let before = lines[..<at].first(where: { verifiers.contains($0.name) }) { return .afterVerifier(before.name) }
+        guard let verifier = lines[(at + 1)...].first(where: { verifiers.contains($0.name) }) else { return .noVerifierAfter }
+        let takesPush = verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
+        return takesPush ? .good(verifier: verifier.name) : .verifierIgnoresPush(verifier.name)
+    }
+}

@@ -1,0 +1,4 @@
+#ifndef BOXKEY_CSYSTEMD_SHIM_H
+#define BOXKEY_CSYSTEMD_SHIM_H
+#include <systemd/sd-journal.h>
+#endif
