@@ -53,6 +53,9 @@ let package = Package(
         // Linux calls that need _GNU_SOURCE (SO_PEERCRED, PR_SET_DUMPABLE, posix_spawn's GNU extensions).
         .target(name: "CBoxkeySys"),
 
+        // gettext for what the CLI and the PAM module say (po/, Russian first). Glibc only.
+        .target(name: "BoxkeyL10n", dependencies: ["CBoxkeySys"]),
+
         // A small D-Bus layer over libdbus-1: calls, signals, exported objects, fd passing.
         .target(name: "BoxkeyDBus", dependencies: ["CDBus", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
 
@@ -90,7 +93,7 @@ let package = Package(
         // the PAM module links it statically).
         .target(name: "BoxkeyPAMWire"),
 
-        .target(name: "pam_boxkey", dependencies: ["BoxkeyPAMWire", "CPAM"]),
+        .target(name: "pam_boxkey", dependencies: ["BoxkeyPAMWire", "BoxkeyL10n", "CPAM"]),
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
@@ -111,12 +114,13 @@ let package = Package(
         // The phone's behaviour: identity, pinned boxes, the vault, finding a box, the link to
         // it, the presence link, the agent. The `boxkey` CLI only parses and prints.
         .target(name: "BoxkeyPhone", dependencies: [
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "CBoxkeySys", "BoxkeyL10n",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: testHooks),
         .executableTarget(name: "boxkey", dependencies: [
+            "BoxkeyL10n",
             "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: testHooks),

@@ -652,7 +652,8 @@ public actor Box {
         }
         let phone = registered.redeem(ticket, user: user, now: clock.now)
         registered.register(session, service: service, phone: phone)
-        logger.info("session \(logSafe(sessionID)) (\(logSafe(user)), \(logSafe(session.place))) registered by \(logSafe(service))\(phone.map { " for phone \($0.fingerprint)" } ?? "")")
+        audit.audit(.info, .sessionRegistered, "session \(logSafe(sessionID)) (\(logSafe(user)), \(logSafe(session.place))) registered by \(logSafe(service))\(phone.map { " for phone \($0.fingerprint)" } ?? "")",
+                    phone: phone?.fingerprint, user: user, service: service)
     }
 
     public func closeSession(sessionID: String) {

@@ -6,9 +6,16 @@ import Foundation
 /// `boxkeyd doctor`: what breaks on a box in the field, each with what to do. Reads only;
 /// changes nothing.
 public enum BoxDoctor {
-    /// Where the PAM modules may be, newest layout first (Debian's multiarch folder, then others).
-    static let moduleFolders = ["/lib/x86_64-linux-gnu/security", "/lib/aarch64-linux-gnu/security", "/usr/lib/x86_64-linux-gnu/security",
-                                "/usr/lib/aarch64-linux-gnu/security", "/usr/lib64/security", "/lib64/security", "/usr/lib/security", "/lib/security"]
+    /// Where the PAM modules may be: Debian's multiarch folders (any architecture), then others.
+    static var moduleFolders: [String] {
+        var folders: [String] = []
+        for lib in ["/lib", "/usr/lib"] {
+            for entry in (try? FileManager.default.contentsOfDirectory(atPath: lib))?.sorted() ?? [] where entry.hasSuffix("-linux-gnu") {
+                folders.append("\(lib)/\(entry)/security")
+            }
+        }
+        return folders + ["/usr/lib64/security", "/lib64/security", "/usr/lib/security", "/lib/security"]
+    }
 
     public static func run(config: DaemonConfig, configProblem: String?, configPath: String, pamDirectory: String = "/etc/pam.d") async -> DoctorReport {
         var report = DoctorReport()

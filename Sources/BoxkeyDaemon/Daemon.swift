@@ -28,6 +28,9 @@ public enum Daemon {
                            reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
+        // Until the reload service listens, a SIGHUP (a `systemctl reload` while it waits for
+        // the adapter) must not end the daemon: its default action would.
+        signal(SIGHUP, SIG_IGN)
         let boxRadio = try await openRadio(config, logger: logger)
         defer { boxRadio.shutdown() }
 

@@ -89,7 +89,9 @@ public enum PAMStack {
         }
         if let before = lines[..<at].first(where: { verifiers.contains($0.name) }) { return .afterVerifier(before.name) }
         guard let verifier = lines[(at + 1)...].first(where: { verifiers.contains($0.name) }) else { return .noVerifierAfter }
-        let takesPush = verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
+        // answer_prompt: the module answers the verifier's own password question with the push.
+        let takesPush = lines[at].arguments.contains("answer_prompt")
+            || verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
         return takesPush ? .good(verifier: verifier.name) : .verifierIgnoresPush(verifier.name)
     }
 }

@@ -215,7 +215,7 @@ public actor Agent {
                 presence.act(action) { c.resume(returning: $0) }
             }
             switch result {
-            case .success?: return .result(.success, message: action == .lock ? "Locked your session on box \(id)." : "Logged out of box \(id).", details: "")
+            case .success?: return .result(.success, message: action == .lock ? tr("Locked your session on box {box}.", ("box", id)) : tr("Logged out of box {box}.", ("box", id)), details: "")
             case .failure(let f)?: throw f
             case nil: break  // the link went before it could act: a new one below
             }
@@ -226,7 +226,7 @@ public actor Agent {
             let link = try await phone.connect(to: id, radio: radio.central)
             try await Phone.act(action, on: link, box: id)
         }
-        return .result(.success, message: action == .lock ? "Locked your session on box \(id)." : "Logged out of box \(id).", details: "")
+        return .result(.success, message: action == .lock ? tr("Locked your session on box {box}.", ("box", id)) : tr("Logged out of box {box}.", ("box", id)), details: "")
     }
 
     private func statusText() -> String {

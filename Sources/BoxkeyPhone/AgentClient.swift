@@ -73,7 +73,7 @@ public final class AgentClient {
             guard rc > 0 else { continue }
             let n = out.withUnsafeMutableBytes { Glibc.recv(fd, $0.baseAddress! + at, count - at, 0) }
             if n < 0, errno == EINTR { continue }
-            guard n > 0 else { throw PhoneFailure(.agentUnavailable, "the agent went away") }
+            guard n > 0 else { throw PhoneFailure(.agentUnavailable, tr("the agent went away")) }
             at += n
         }
         return out

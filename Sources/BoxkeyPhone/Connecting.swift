@@ -58,7 +58,7 @@ extension Phone {
         } catch {
             throw PhoneFailure(.radioUnavailable, "scan failed: \(error)")
         }
-        throw PhoneFailure(.notFound, "box \(id) not found nearby (is boxkeyd running and advertising?)")
+        throw PhoneFailure(.notFound, tr("box {box} not found nearby (is boxkeyd running and advertising?)", ("box", id)))
     }
 }
 

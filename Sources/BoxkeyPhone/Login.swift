@@ -34,7 +34,7 @@ extension Phone {
         }
         guard case .loginResult(let result) = answer else {
             await link.close()
-            throw PhoneFailure(.failure, "unexpected answer from box \(id)")
+            throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id)))
         }
         let elapsed = clock.now - start
         switch result.outcome {
@@ -46,10 +46,10 @@ extension Phone {
             return (report, link)
         case .rejected:
             await link.close()
-            throw PhoneFailure(.rejected, "box \(id) rejected the credentials for \(user): \(result.reason). If the password changed, run `boxkey credentials set` and log in again.")
+            throw PhoneFailure(.rejected, tr("box {box} rejected the credentials for {user}: {reason}. If the password changed, run `boxkey credentials set` and log in again.", ("box", id), ("user", user), ("reason", result.reason)))
         case .notAtPrompt, .wrongUser, .ambiguousPrompt:
             await link.close()
-            throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? "box \(id) is not at a login prompt" : "box \(id): \(result.reason)")
+            throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : "box \(id): \(result.reason)")
         case .timedOut:
             await link.close()
             throw PhoneFailure(.timedOut, "box \(id): \(result.reason)")
@@ -68,11 +68,11 @@ extension Phone {
             throw PhoneFailure(.failure, "box \(id): \(error)")
         }
         await link.close()
-        guard case .actionResult(let r) = result else { throw PhoneFailure(.failure, "unexpected answer from box \(id)") }
+        guard case .actionResult(let r) = result else { throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id))) }
         switch r.outcome {
         case .done: return
-        case .noSession: throw PhoneFailure(.noSession, "you have no session on box \(id)")
-        case .failed: throw PhoneFailure(.failure, "box \(id) could not \(action == .lock ? "lock" : "end") the session")
+        case .noSession: throw PhoneFailure(.noSession, tr("you have no session on box {box}", ("box", id)))
+        case .failed: throw PhoneFailure(.failure, action == .lock ? tr("box {box} could not lock the session", ("box", id)) : tr("box {box} could not end the session", ("box", id)))
         }
     }
 }
@@ -80,7 +80,9 @@ extension Phone {
 extension LoginReport {
     /// The line `boxkey login` prints.
     public var sentence: String {
-        "Logged in to box \(box) as \(user)\(place.isEmpty ? "" : ": \(place)") (\(radioMilliseconds) ms)."
+        place.isEmpty
+            ? tr("Logged in to box {box} as {user} ({ms} ms).", ("box", box), ("user", user), ("ms", radioMilliseconds))
+            : tr("Logged in to box {box} as {user}: {place} ({ms} ms).", ("box", box), ("user", user), ("place", place), ("ms", radioMilliseconds))
     }
 
     public var airSentence: String? {

@@ -24,8 +24,9 @@ public struct PairedBoxes: Sendable {
     private var file = File()
     let path: String
 
-    public static func load(_ dirs: PhoneDirectories) throws -> PairedBoxes {
-        try dirs.ensure()
+    /// `makingFolders: false` reads only (doctor).
+    public static func load(_ dirs: PhoneDirectories, makingFolders: Bool = true) throws -> PairedBoxes {
+        if makingFolders { try dirs.ensure() }
         var b = PairedBoxes(path: dirs.config + "/boxes.json")
         if let bytes = try PrivateFiles.read(b.path) {
             let data = Data(bytes)

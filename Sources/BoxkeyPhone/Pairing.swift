@@ -8,7 +8,7 @@ extension Phone {
     public mutating func pair(_ id: BoxID, code: PairingCode, replace: Bool, radio: any CentralRadio,
                               progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> PublicKey {
         if boxes.key(of: id) != nil, !replace {
-            throw PhoneFailure(.failure, "box \(id) is already paired; use --replace to pair again (a reinstalled box)")
+            throw PhoneFailure(.failure, tr("box {box} is already paired; use --replace to pair again (a reinstalled box)", ("box", id)))
         }
         let heard = try await find(id, pinned: nil, radio: radio, searchTime: Self.searchTime, progress: progress)
         // The key Info claims is unauthenticated; the handshake under the code proves it.
@@ -20,7 +20,7 @@ extension Phone {
         } catch let f as PhoneFailure {
             throw f
         } catch BoxLink.Failure.radio(let s) {
-            throw PhoneFailure(.radioUnavailable, "cannot pair with box \(id): \(s)")
+            throw PhoneFailure(.radioUnavailable, tr("cannot pair with box {box}: {why}", ("box", id), ("why", s)))
         } catch {
             throw failure(error, box: id)
         }
@@ -28,13 +28,13 @@ extension Phone {
             try await link.send(.pair)
             guard case .actionResult(let r) = try await link.next(timeout: .seconds(10)), r.action == .pair, r.outcome == .done else {
                 await link.close()
-                throw PhoneFailure(.failure, "box \(id) did not confirm the pairing")
+                throw PhoneFailure(.failure, tr("box {box} did not confirm the pairing", ("box", id)))
             }
         } catch let f as PhoneFailure {
             throw f
         } catch {
             await link.close()
-            throw PhoneFailure(.pairingFailed, "pairing failed: \(error)")
+            throw PhoneFailure(.pairingFailed, tr("pairing failed: {why}", ("why", "\(error)")))
         }
         await link.close()
         do { try boxes.pin(id, key: info.staticKey, address: heard.address) } catch { throw PhoneFailure(.failure, "\(error)") }
@@ -44,7 +44,7 @@ extension Phone {
     /// Pins a box key an administrator gave (for a phone enrolled with `boxkeyd phones enrol`).
     public mutating func pin(_ id: BoxID, key: PublicKey, replace: Bool) throws(PhoneFailure) {
         if let old = boxes.key(of: id), old != key, !replace {
-            throw PhoneFailure(.failure, "box \(id) is pinned to another key (\(old.fingerprint)); use --replace for a reinstalled box")
+            throw PhoneFailure(.failure, tr("box {box} is pinned to another key ({fingerprint}); use --replace for a reinstalled box", ("box", id), ("fingerprint", old.fingerprint)))
         }
         do { try boxes.pin(id, key: key, address: nil) } catch { throw PhoneFailure(.failure, "\(error)") }
     }

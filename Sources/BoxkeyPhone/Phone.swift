@@ -39,12 +39,12 @@ public struct Phone: Sendable {
     /// The box meant: the one named, or the default box.
     public func boxID(_ id: BoxID?) throws(PhoneFailure) -> BoxID {
         if let id { return id }
-        guard let id = boxes.defaultBox else { throw PhoneFailure(.notPaired, "no box given and no default box: pair with one first (boxkey pair 4821)") }
+        guard let id = boxes.defaultBox else { throw PhoneFailure(.notPaired, tr("no box given and no default box: pair with one first (boxkey pair 4821)")) }
         return id
     }
 
     public func pinnedKey(_ id: BoxID) throws(PhoneFailure) -> PublicKey {
-        guard let key = boxes.key(of: id) else { throw PhoneFailure(.notPaired, "box \(id) is not paired: run boxkey pair \(id)") }
+        guard let key = boxes.key(of: id) else { throw PhoneFailure(.notPaired, tr("box {box} is not paired: run boxkey pair {box}", ("box", id))) }
         return key
     }
 
@@ -65,14 +65,14 @@ public struct Phone: Sendable {
     /// so the wording is neutral and never advises forgetting keys.
     public func refusalText(_ r: Refusal, box id: BoxID) -> String {
         switch r.code {
-        case .notEnrolled: "box \(id) says this phone is not enrolled there: pair at the box with the code it shows (boxkey pair \(id)\(boxes.key(of: id) == nil ? "" : " --replace"))"
-        case .noPairingCode: "box \(id) has no pairing code live: show one at its login prompt (or `boxkeyd pair-code`) and try again"
-        case .handshakeFailed: "box \(id) refused the handshake (interference, or a box without the key you paired with); nothing was sent"
-        case .phoneRevoked: "the box's administrator revoked this phone"
-        case .rateLimited: "too many failed attempts; the box asks to wait before trying again"
+        case .notEnrolled: tr("box {box} says this phone is not enrolled there: pair at the box with the code it shows ({command})", ("box", id), ("command", "boxkey pair \(id)\(boxes.key(of: id) == nil ? "" : " --replace")"))
+        case .noPairingCode: tr("box {box} has no pairing code live: show one at its login prompt (or `boxkeyd pair-code`) and try again", ("box", id))
+        case .handshakeFailed: tr("box {box} refused the handshake (interference, or a box without the key you paired with); nothing was sent", ("box", id))
+        case .phoneRevoked: tr("the box's administrator revoked this phone")
+        case .rateLimited: tr("too many failed attempts; the box asks to wait before trying again")
         case .unsupportedVersion: "the box speaks protocol version \(r.versions.lowerBound)...\(r.versions.upperBound); this boxkey speaks \(BoxkeyProtocol.version)"
-        case .busy: "the box is busy; try again"
-        case .staleAdvertisement: "the box's advertisement changed while connecting; try again"
+        case .busy: tr("the box is busy; try again")
+        case .staleAdvertisement: tr("the box's advertisement changed while connecting; try again")
         default: "the box refused: \(r.code)"
         }
     }
@@ -84,8 +84,8 @@ public struct Phone: Sendable {
         switch f {
         case .keyChanged: return keyChanged(id)
         case .refused(let r): return PhoneFailure(.refused, refusalText(r, box: id))
-        case .radio(let s): return PhoneFailure(.radioUnavailable, "cannot connect to box \(id): \(s)")
-        case .pairingFailed: return PhoneFailure(.pairingFailed, "pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box \(id) and try again.")
+        case .radio(let s): return PhoneFailure(.radioUnavailable, tr("cannot connect to box {box}: {why}", ("box", id), ("why", s)))
+        case .pairingFailed: return PhoneFailure(.pairingFailed, tr("pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box {box} and try again.", ("box", id)))
         case .timedOut: return PhoneFailure(.timedOut, "box \(id): \(f)")
         case .linkLost, .protocolError: return PhoneFailure(.failure, "box \(id): \(f)")
         }

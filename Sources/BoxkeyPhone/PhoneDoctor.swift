@@ -22,14 +22,22 @@ public enum PhoneDoctor {
             }
         }
         let keyPath = dirs.config + "/phone.key"
-        guard FileManager.default.fileExists(atPath: keyPath) else {
-            report.warn("phone key", "none yet", do: "boxkey pair <box ID> makes one and pairs")
-            return report
-        }
         let phone: Phone
-        do { phone = try Phone.open(dirs) } catch {
+        do {
+            guard let identity = try PhoneIdentity.load(dirs) else {
+                report.warn("phone key", "none yet", do: "boxkey pair <box ID> makes one and pairs")
+                return report
+            }
+            phone = Phone(dirs: dirs, identity: identity, boxes: try PairedBoxes.load(dirs, makingFolders: false))
+        } catch {
             report.fail("phone key", "\(error)", do: "fix the file's owner and mode (0600); never delete it unless boxes should see a new phone")
             return report
+        }
+        for path in [keyPath, dirs.config + "/boxes.json", dirs.vault] {
+            var st = stat()
+            if stat(path, &st) == 0, st.st_mode & 0o077 != 0 {
+                report.fail("file modes", "\(path) is mode \(String(st.st_mode & 0o777, radix: 8)): others may read it", do: "chmod 600 \(path)")
+            }
         }
         report.ok("phone key", "fingerprint \(phone.identity.keyPair.publicKey.fingerprint)")
         if phone.boxes.boxes.isEmpty {

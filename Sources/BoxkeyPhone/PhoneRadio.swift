@@ -19,7 +19,7 @@ public final class PhoneRadio: Sendable {
             switch try await RadioChoice.resolve(backend, adapter: adapter, simDirectory: simDirectory) {
             case .bluez(let adapter):
                 do { return PhoneRadio(bluez: try await BlueZCentral(adapter: adapter)) } catch {
-                    throw PhoneFailure(.radioUnavailable, "Bluetooth is unavailable: \(error). Check `systemctl status bluetooth` and `bluetoothctl show`; --radio simulated talks to a box on this machine.")
+                    throw PhoneFailure(.radioUnavailable, tr("Bluetooth is unavailable: {why}. Check `systemctl status bluetooth` and `bluetoothctl show`; --radio simulated talks to a box on this machine.", ("why", "\(error)")))
                 }
             case .simulated(let directory):
                 let air = try RadioChoice.openSimulatedAir(directory)

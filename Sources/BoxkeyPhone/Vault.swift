@@ -73,14 +73,14 @@ public struct Vault {
 
         public var description: String {
             switch self {
-            case .noCredentials: "no credentials stored: run `boxkey credentials set`"
-            case .pinRequired: "the vault is protected by a PIN"
-            case .wrongPIN(let n): "wrong PIN; \(n) attempt\(n == 1 ? "" : "s") left before the credentials are wiped"
-            case .lockedOut(let until, let f): "\(f) wrong PINs: try again after \(ISO8601DateFormatter().string(from: until))"
-            case .wiped: "the credentials were wiped after \(Vault.maxFailures) wrong PINs: store them again with `boxkey credentials set`"
-            case .tampered(let why): "the vault file was modified outside boxkey (\(why)); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)"
-            case .noPINEntered: "no PIN entered; nothing was tried"
-            case .attemptNotRecorded(let why): "could not record the PIN attempt (\(why)); the PIN was not tried"
+            case .noCredentials: tr("no credentials stored: run `boxkey credentials set`")
+            case .pinRequired: tr("the vault is protected by a PIN")
+            case .wrongPIN(let n): tr.plural("wrong PIN; {n} attempt left before the credentials are wiped", "wrong PIN; {n} attempts left before the credentials are wiped", n, ("n", n))
+            case .lockedOut(let until, let f): tr("{n} wrong PINs: try again after {time}", ("n", f), ("time", ISO8601DateFormatter().string(from: until)))
+            case .wiped: tr("the credentials were wiped after {n} wrong PINs: store them again with `boxkey credentials set`", ("n", Vault.maxFailures))
+            case .tampered(let why): tr("the vault file was modified outside boxkey ({why}); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)", ("why", why))
+            case .noPINEntered: tr("no PIN entered; nothing was tried")
+            case .attemptNotRecorded(let why): tr("could not record the PIN attempt ({why}); the PIN was not tried", ("why", why))
             }
         }
     }

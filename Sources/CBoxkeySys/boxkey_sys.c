@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <spawn.h>
+#include <stdlib.h>
 
 int boxkey_disable_core_dumps(void) {
     struct rlimit none = {0, 0};
@@ -26,4 +27,8 @@ short boxkey_posix_spawn_setsid(void) { return POSIX_SPAWN_SETSID; }
 
 int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from) {
     return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
+
+const char *boxkey_secure_getenv(const char *name) {
+    return secure_getenv(name);
 }

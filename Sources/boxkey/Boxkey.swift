@@ -1,5 +1,6 @@
 import ArgumentParser
 import BoxkeyCore
+import BoxkeyL10n
 import BoxkeyPhone
 
 /// `boxkey`: the phone, on the command line. Each command lives in its own file and only
@@ -24,6 +25,18 @@ struct Boxkey: AsyncParsableCommand {
         version: "boxkey \(BoxkeyRelease.description)",
         subcommands: [Scan.self, Pair.self, Forget.self, Credentials.self, PIN.self, Login.self, Lock.self, Logout.self,
                       Status.self, Doctor.self, Agent.self, Sim.self])
+
+    /// The reader's language for what boxkey says (LANGUAGE, LC_ALL, LC_MESSAGES, LANG); the
+    /// help text stays English.
+    static func main() async {
+        Translator.useEnvironmentLocale()
+        do {
+            var command = try parseAsRoot()
+            if var async = command as? AsyncParsableCommand { try await async.run() } else { try command.run() }
+        } catch {
+            exit(withError: error)
+        }
+    }
 }
 
 extension BoxID: ExpressibleByArgument {

@@ -22,15 +22,15 @@ extension Boxkey {
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
                         throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
                     }
-                    let password = Terminal.readSecret("Password: ")
-                    guard password.count > 0 else { throw PhoneFailure(.cancelled, "no password given; nothing was stored") }
+                    let password = Terminal.readSecret(tr("Password: "))
+                    guard password.count > 0 else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
                     var pin: SecureBytes?
                     if vault.hasPIN, !vault.isWiped {
                         pin = try Terminal.readPIN()
                         do { try vault.verify(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
                     }
                     do { try vault.store(user: name, password: password, pin: pin) } catch { throw PhoneFailure(.failure, "\(error)") }
-                    Terminal.say("Credentials for \(name) stored\(pin == nil ? "" : " behind your PIN").")
+                    Terminal.say(pin == nil ? tr("Credentials for {user} stored.", ("user", name)) : tr("Credentials for {user} stored behind your PIN.", ("user", name)))
                 }
             }
         }
@@ -44,13 +44,13 @@ extension Boxkey {
                     let phone = try Phone.open()
                     if force {
                         do { try Vault.remove(phone.dirs) } catch { throw PhoneFailure(.failure, "\(error)") }
-                        Terminal.say("Removed \(phone.dirs.vault).")
+                        Terminal.say(tr("Removed {path}.", ("path", phone.dirs.vault)))
                         return
                     }
                     // A damaged vault is refused here with the way out (--force).
                     var vault = try phone.vault()
                     do { try vault.clear() } catch { throw PhoneFailure(.failure, "\(error)") }
-                    Terminal.say("Credentials cleared.")
+                    Terminal.say(tr("Credentials cleared."))
                 }
             }
         }
@@ -74,8 +74,8 @@ extension Boxkey {
             subcommands: [Set.self, Change.self, Clear.self])
 
         static func newPIN() throws -> SecureBytes {
-            let pin = Terminal.readSecret("New PIN: ")
-            guard pin.count > 0 else { throw PhoneFailure(.cancelled, "no PIN entered; nothing was changed") }
+            let pin = Terminal.readSecret(tr("New PIN: "))
+            guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was changed")) }
             if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
             return pin
         }
@@ -85,9 +85,9 @@ extension Boxkey {
             func run() async throws {
                 try await Terminal.run {
                     var vault = try Phone.open().vault()
-                    guard !vault.hasPIN else { throw PhoneFailure(.failure, "a PIN is already set: use boxkey pin change") }
+                    guard !vault.hasPIN else { throw PhoneFailure(.failure, tr("a PIN is already set: use boxkey pin change")) }
                     try vault.reseal(oldPIN: nil, newPIN: try PIN.newPIN(), now: vaultNow())
-                    Terminal.say("PIN set.")
+                    Terminal.say(tr("PIN set."))
                 }
             }
         }
@@ -96,9 +96,9 @@ extension Boxkey {
             func run() async throws {
                 try await Terminal.run {
                     var vault = try Phone.open().vault()
-                    let old = vault.hasPIN ? try Terminal.readPIN("Current PIN: ") : nil
+                    let old = vault.hasPIN ? try Terminal.readPIN(tr("Current PIN: ")) : nil
                     try vault.reseal(oldPIN: old, newPIN: try PIN.newPIN(), now: vaultNow())
-                    Terminal.say("PIN changed.")
+                    Terminal.say(tr("PIN changed."))
                 }
             }
         }
@@ -107,9 +107,9 @@ extension Boxkey {
             func run() async throws {
                 try await Terminal.run {
                     var vault = try Phone.open().vault()
-                    guard vault.hasPIN else { throw PhoneFailure(.failure, "no PIN is set") }
-                    try vault.reseal(oldPIN: try Terminal.readPIN("Current PIN: "), newPIN: nil, now: vaultNow())
-                    Terminal.say("PIN cleared.")
+                    guard vault.hasPIN else { throw PhoneFailure(.failure, tr("no PIN is set")) }
+                    try vault.reseal(oldPIN: try Terminal.readPIN(tr("Current PIN: ")), newPIN: nil, now: vaultNow())
+                    Terminal.say(tr("PIN cleared."))
                 }
             }
         }

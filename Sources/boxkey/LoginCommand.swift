@@ -45,7 +45,7 @@ extension Boxkey {
                     while result == nil {
                         do {
                             result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
-                                                           progress: { Terminal.progress("looking for box \(boxID)… \($0.components.seconds) s") })
+                                                           progress: { Terminal.progress(tr("looking for box {box}… {seconds} s", ("box", boxID), ("seconds", $0.components.seconds))) })
                         } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
                             continue
                         }
@@ -61,7 +61,7 @@ extension Boxkey {
                     await link.close()
                     return
                 }
-                Terminal.say("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it.")
+                Terminal.say(tr("Staying connected as the presence link; Ctrl-C, `boxkey lock` or `boxkey logout` ends it."))
                 let presence = PresenceLink(box: boxID, link: link, phone: phone, radio: phoneRadio,
                                             keepalive: .milliseconds(Int(keepalive * 1000)), log: { Terminal.say($0) })
                 // Ctrl-C: leaving is walking away, so the box acts by its policy.
@@ -74,19 +74,19 @@ extension Boxkey {
                 }
                 let ending = await presence.run()
                 signals.forEach { $0.cancel() }
-                if ending == .left(detached: false) { Terminal.say("Left box \(boxID).") }
+                if ending == .left(detached: false) { Terminal.say(tr("Left box {box}.", ("box", boxID))) }
             }
         }
 
         /// The agent holds the credentials and the radio; this process only asks and prints.
         private func loginThroughAgent(_ phone: Phone, _ boxID: BoxID) throws {
             while true {
-                guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "the agent went away") }
+                guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, tr("the agent went away")) }
                 let reply = try agent.send(.login(box: boxID, stay: !noStay), progress: Terminal.progress)
                 switch reply {
                 case .needPIN:
                     let pin = try Terminal.readPIN()
-                    guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, "the agent went away") }
+                    guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, tr("the agent went away")) }
                     if case .result(let outcome, let message, _) = try agent.send(.unlock(pin: pin)), outcome != .success {
                         throw PhoneFailure(outcome, message)
                     }
@@ -126,8 +126,8 @@ extension Boxkey {
         @OptionGroup var radio: RadioOptions
         func run() async throws {
             try await Terminal.run {
-                guard yes || Terminal.confirm("Log out of your session? Unsaved work will be lost.") else {
-                    throw PhoneFailure(.cancelled, "not logged out")
+                guard yes || Terminal.confirm(tr("Log out of your session? Unsaved work will be lost.")) else {
+                    throw PhoneFailure(.cancelled, tr("not logged out"))
                 }
                 Terminal.say(try await sessionAction(.logout, id: id, radio: radio))
             }
@@ -153,5 +153,5 @@ func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOption
     defer { phoneRadio.shutdown() }
     let link = try await phone.connect(to: boxID, radio: phoneRadio.central)
     try await Phone.act(action, on: link, box: boxID)
-    return action == .lock ? "Locked your session on box \(boxID)." : "Logged out of box \(boxID)."
+    return action == .lock ? tr("Locked your session on box {box}.", ("box", boxID)) : tr("Logged out of box {box}.", ("box", boxID))
 }

@@ -24,11 +24,11 @@ extension Boxkey {
                 var phone = try Phone.open()
                 if let boxKey, let key = unhex(boxKey).flatMap({ try? PublicKey($0) }) {
                     try phone.pin(id, key: key, replace: replace)
-                    Terminal.say("Pinned box \(id) (key \(key.fingerprint)).")
+                    Terminal.say(tr("Pinned box {box} (key {fingerprint}).", ("box", id), ("fingerprint", key.fingerprint)))
                     return
                 }
                 if phone.boxes.key(of: id) != nil, !replace {
-                    throw PhoneFailure(.failure, "box \(id) is already paired; use --replace to pair again (a reinstalled box)")
+                    throw PhoneFailure(.failure, tr("box {box} is already paired; use --replace to pair again (a reinstalled box)", ("box", id)))
                 }
                 let typed = code ?? {
                     FileHandle.standardError.write("Pairing code shown on box \(id): ".data(using: .utf8)!)
@@ -38,10 +38,10 @@ extension Boxkey {
                 let phoneRadio = try await radio.open(phone)
                 defer { phoneRadio.shutdown() }
                 let key = try await phone.pair(id, code: pairingCode, replace: replace, radio: phoneRadio.central,
-                                               progress: { Terminal.progress("looking for box \(id)… \($0.components.seconds) s") })
+                                               progress: { Terminal.progress(tr("looking for box {box}… {seconds} s", ("box", id), ("seconds", $0.components.seconds))) })
                 Terminal.clearProgress()
-                Terminal.say("Paired with box \(id) (key \(key.fingerprint), verified by the code).")
-                Terminal.say("Unless an administrator's code enrolled it already, this phone's first login (boxkey login, within a few minutes) enrols it at the box.")
+                Terminal.say(tr("Paired with box {box} (key {fingerprint}, verified by the code).", ("box", id), ("fingerprint", key.fingerprint)))
+                Terminal.say(tr("Unless an administrator's code enrolled it already, this phone's first login (boxkey login, within a few minutes) enrols it at the box."))
             }
         }
     }
@@ -52,8 +52,8 @@ extension Boxkey {
         func run() async throws {
             try await Terminal.run {
                 var phone = try Phone.open()
-                guard (try? phone.boxes.forget(id)) == true else { throw PhoneFailure(.notPaired, "box \(id) is not paired") }
-                Terminal.say("Forgot box \(id).")
+                guard (try? phone.boxes.forget(id)) == true else { throw PhoneFailure(.notPaired, tr("box {box} is not paired", ("box", id))) }
+                Terminal.say(tr("Forgot box {box}.", ("box", id)))
             }
         }
     }

@@ -18,6 +18,13 @@ struct RadioOptions: ParsableArguments {
     @Option(help: "Simulated radio: this device's distance from the box's origin, in metres.")
     var simPosition = 1.0
 
+    func validate() throws {
+        // A misspelt BOXKEY_RADIO must not quietly mean BlueZ.
+        if let value = ProcessInfo.processInfo.environment["BOXKEY_RADIO"], !value.isEmpty, RadioChoice.Backend(rawValue: value) == nil {
+            throw ValidationError("BOXKEY_RADIO must be bluez, simulated or auto, not \"\(value)\"")
+        }
+    }
+
     func open(_ phone: Phone) async throws -> PhoneRadio {
         let opened = try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
         if radio == .auto, opened.simulated != nil {

@@ -45,7 +45,7 @@ enum Terminal {
     static func offerToSearchAgain(_ id: BoxID) -> Bool {
         guard isInteractive else { return false }
         clearProgress()
-        FileHandle.standardError.write("Box \(id) not found nearby. Search again? [Y/n] ".data(using: .utf8)!)
+        FileHandle.standardError.write(tr("Box {box} not found nearby. Search again? [Y/n] ", ("box", id)).data(using: .utf8)!)
         guard let line = readLine() else { return false }
         return ["", "y", "yes"].contains(line.trimmingCharacters(in: .whitespaces).lowercased())
     }
@@ -71,9 +71,9 @@ enum Terminal {
     }
 
     /// A PIN for the vault; nothing entered cancels (exit 16) without an attempt.
-    static func readPIN(_ prompt: String = "PIN: ") throws -> SecureBytes {
-        let pin = readSecret(prompt)
-        guard pin.count > 0 else { throw PhoneFailure(.cancelled, "no PIN entered; nothing was tried") }
+    static func readPIN(_ prompt: String? = nil) throws -> SecureBytes {
+        let pin = readSecret(prompt ?? tr("PIN: "))
+        guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was tried")) }
         return pin
     }
 

@@ -1,4 +1,5 @@
 import BoxkeyPAMWire
+import BoxkeyL10n
 import CPAM
 import Glibc
 
@@ -9,6 +10,9 @@ import Glibc
 // no threads, no Dispatch, no Swift concurrency inside a host process's login stack.
 
 private let pendingKey = "pam_boxkey_pending"
+
+/// The module's words, in the application's locale (a module never sets the locale itself).
+private let tr = Translator(domain: "pam_boxkey", besideExecutable: false)
 
 /// A push that is being verified by the rest of the stack; reported to the daemon once.
 final class PendingLogin {
@@ -97,9 +101,11 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         // aside without a word, so the password prompt comes at once.
         switch try client.receive(timeoutMilliseconds: 2000) {
         case .prompt(let boxID, let fingerprint, let code, let seconds):
-            pamh.info("Box \(boxID) — log in from your phone, or wait for the password prompt (box key \(fingerprint))")
+            pamh.info(tr("Box {box} — log in from your phone, or wait for the password prompt (box key {fingerprint})",
+                         ("box", boxID), ("fingerprint", fingerprint)))
             if !code.isEmpty {
-                pamh.info("New phone? Pairing code \(code) — run: boxkey pair \(boxID) (valid \(max(1, (seconds + 59) / 60)) min)")
+                pamh.info(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
+                             ("code", code), ("box", boxID), ("minutes", max(1, (seconds + 59) / 60))))
             }
         case .notOffered(let why):
             if options.debug { pamh.log(LOG_DEBUG, "phone login not offered: \(why)") }

@@ -45,6 +45,9 @@ import Testing
         var files = debian
         files["common-auth"] = "auth [success=ok default=ignore] pam_boxkey.so\nauth [success=1 default=ignore] pam_unix.so nullok\n"
         #expect(verdict(files) == .verifierIgnoresPush("pam_unix"))
+        // answer_prompt: the module answers that question itself with the pushed password.
+        files["common-auth"] = "auth [success=ok default=ignore] pam_boxkey.so answer_prompt\nauth required pam_unix.so nullok\n"
+        #expect(verdict(files) == .good(verifier: "pam_unix"))
     }
 
     /// The dangerous ones: a stack where the module's own success logs in, or nothing after it

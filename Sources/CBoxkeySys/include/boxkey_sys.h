@@ -3,6 +3,8 @@
 /* The few Linux calls Swift's Glibc module does not expose without _GNU_SOURCE. */
 #include <spawn.h>
 #include <sys/types.h>
+#include <libintl.h> /* dgettext: the translations of what the CLI and the PAM module say */
+#include <locale.h>
 
 /* Same layout as struct ucred (SO_PEERCRED). */
 struct boxkey_ucred {
@@ -27,4 +29,7 @@ short boxkey_posix_spawn_setsid(void);
    descriptor from `from` up, so it inherits none its parent left open without FD_CLOEXEC.
    Returns 0 or an error number. */
 int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from);
+/* secure_getenv (a GNU extension): NULL in a setuid or setgid process, so its caller's
+   environment cannot steer it. */
+const char *boxkey_secure_getenv(const char *name);
 #endif
