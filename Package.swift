@@ -38,7 +38,7 @@ let package = Package(
             pkgConfig: "pam",
             providers: [.apt(["libpam0g-dev"])]
         ),
-        // The journal's native protocol (sd_journal_sendv): priorities and fields for boxkeyd's log.
+        // libsystemd: the journal (sd_journal_sendv: priorities and fields) and sd_notify, for boxkeyd.
         .systemLibrary(
             name: "CSystemd",
             pkgConfig: "libsystemd",

@@ -141,7 +141,13 @@ public enum Daemon {
                 if said { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
                 return BoxRadio(peripheral: peripheral, scanner: scanner)
             } catch RadioError.unavailable(let why) {
-                if !said { logger.warning("waiting for Bluetooth: \(why)") }
+                if !said {
+                    logger.warning("waiting for Bluetooth: \(why)")
+                    // Started, if not advertising: systemd must not time the start out (and
+                    // restart it in a loop) on a box whose adapter comes later. Until then the
+                    // PAM socket is absent and prompts ask for the password.
+                    SystemdNotify.send("READY=1\nSTATUS=waiting for Bluetooth: \(why)")
+                }
                 said = true
                 try await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(10))
