@@ -1,7 +1,8 @@
 import BoxkeyCore
 import BoxkeyPAMWire
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 
 /// What the box must send or do on the radio. One task performs these in order, so the

@@ -1,7 +1,8 @@
 import BoxkeyDBus
 import BoxkeyHost
 import BoxkeyPAMWire
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// `boxkeyd doctor`: what breaks on a box in the field, each with what to do. Reads only;
 /// changes nothing.

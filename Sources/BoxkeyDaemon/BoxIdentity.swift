@@ -1,6 +1,6 @@
 import BoxkeyCore
 import BoxkeyHost
-import Foundation
+import FoundationEssentials
 
 /// The box's static key pair and four-digit ID, kept in `<state>/identity` (0600, in a 0700
 /// directory). Created on first start; afterwards any problem with the file stops the daemon

@@ -4,7 +4,8 @@ import BoxkeyHost
 import CBoxkeySys
 import BoxkeyRadio
 import BoxkeySimRadio
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 import ServiceLifecycle
 import UnixSignals

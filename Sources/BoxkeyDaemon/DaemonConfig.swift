@@ -1,6 +1,6 @@
 import BoxkeyHost
 import BoxkeyCore
-import Foundation
+import FoundationEssentials
 
 /// `/etc/boxkey/boxkeyd.conf` (flat TOML: `ConfigFile`). Every key is optional; docs/operations.md lists them
 /// with their defaults, which are the values below.

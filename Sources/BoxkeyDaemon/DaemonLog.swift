@@ -1,6 +1,8 @@
 import BoxkeyCore
 import CSystemd
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
+import Glibc
 import Logging
 
 /// The box's audit events. Each kind has a fixed journal `MESSAGE_ID`, so that
@@ -130,7 +132,7 @@ public struct DaemonLogHandler: LogHandler {
             .sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
         let time = Date().ISO8601Format()
         let text = "\(time) \(level) \(label): \(message)\(extra.isEmpty ? "" : " [\(extra)]")\n"
-        FileHandle.standardError.write(Data(text.utf8))
+        Console.error(text)
     }
 
     private static func send(_ fields: [String]) -> Bool {

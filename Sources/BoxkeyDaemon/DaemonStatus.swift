@@ -1,5 +1,5 @@
 import BoxkeyCore
-import Foundation
+import FoundationEssentials
 
 /// What `boxkeyd status` shows, as the daemon sends it over its admin socket (JSON): the CLI
 /// prints it for people, or as it is with `--json`.
@@ -65,10 +65,10 @@ extension PhoneRegistry {
     /// `boxkeyd phones list` for people; JSON is the records themselves.
     public static func text(_ phones: [Phone]) -> String {
         if phones.isEmpty { return "no phones are enrolled at this box" }
-        let formatter = ISO8601DateFormatter()
+        func stamp(_ d: Date) -> String { d.ISO8601Format() }
         return phones.map { p in
             let users = p.enrolledBy == nil ? "(not enrolled: version-1 record)" : p.users.map(logSafe).joined(separator: ",")
-            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : logSafe(p.name))  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(formatter.string) ?? "-")  last \(p.lastLogin.map(formatter.string) ?? "-")\(p.revokedAt.map { "  REVOKED \(formatter.string(from: $0))" } ?? "")"
+            return "\(p.fingerprint)  \(users)  \(p.name.isEmpty ? "-" : logSafe(p.name))  by \(p.enrolledBy ?? "-")  enrolled \(p.enrolledAt.map(stamp) ?? "-")  last \(p.lastLogin.map(stamp) ?? "-")\(p.revokedAt.map { "  REVOKED \(stamp($0))" } ?? "")"
         }.joined(separator: "\n")
     }
 }

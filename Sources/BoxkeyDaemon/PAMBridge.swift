@@ -1,7 +1,7 @@
 import BoxkeyCore
 import BoxkeyPAMWire
 import CBoxkeySys
-import Foundation
+import FoundationEssentials
 import Logging
 import NIOCore
 import NIOPosix
@@ -27,7 +27,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
     }
 
     public func run() async throws {
-        let directory = (path as NSString).deletingLastPathComponent
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
         if !FileManager.default.fileExists(atPath: directory) {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         }

@@ -1,6 +1,7 @@
 import BoxkeyCore
 import CPAM
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Verifies a pushed password through the box's own PAM service, as root, for screen lockers
 /// that run as the user and so cannot reach the root-only socket. The site's verifier still
@@ -20,9 +21,24 @@ public struct PAMVerifier: Sendable {
 
     public func verify(user: String, password: SecureBytes) async -> Verdict {
         await withCheckedContinuation { (c: CheckedContinuation<Verdict, Never>) in
-            let thread = Thread { c.resume(returning: Self.run(service: service, user: user, password: password)) }
-            thread.name = "boxkey-pam-verify"
-            thread.start()
+            let service = service
+            Self.onThreadOfItsOwn { c.resume(returning: Self.run(service: service, user: user, password: password)) }
+        }
+    }
+
+    /// A detached pthread running `body` (Foundation's Thread, without Foundation).
+    private static func onThreadOfItsOwn(_ body: @escaping @Sendable () -> Void) {
+        final class Job { let body: @Sendable () -> Void; init(_ b: @escaping @Sendable () -> Void) { body = b } }
+        var thread = pthread_t()
+        let job = Unmanaged.passRetained(Job(body)).toOpaque()
+        let rc = pthread_create(&thread, nil, { raw in
+            Unmanaged<Job>.fromOpaque(raw!).takeRetainedValue().body()
+            return nil
+        }, job)
+        if rc == 0 {
+            pthread_detach(thread)
+        } else {
+            Unmanaged<Job>.fromOpaque(job).takeRetainedValue().body()  // no thread to be had: run here
         }
     }
 

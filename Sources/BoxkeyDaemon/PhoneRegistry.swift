@@ -1,6 +1,6 @@
 import BoxkeyCore
 import BoxkeyHost
-import Foundation
+import FoundationEssentials
 
 /// The phones enrolled at this box, each for the users it may push for: enrolled by a pairing
 /// code shown at the box (then the user of its first accepted login) or by an administrator.
@@ -104,7 +104,7 @@ public struct PhoneRegistry: Sendable {
     /// Revokes the phone whose fingerprint (or a unique prefix of it, case-insensitive) matches.
     public mutating func revoke(fingerprint: String, at date: Date = Date()) throws -> Phone {
         let wanted = fingerprint.uppercased()
-        let matches = phones.indices.filter { phones[$0].fingerprint.hasPrefix(wanted) || phones[$0].fingerprint.replacingOccurrences(of: "-", with: "").hasPrefix(wanted) }
+        let matches = phones.indices.filter { phones[$0].fingerprint.hasPrefix(wanted) || phones[$0].fingerprint.filter { $0 != "-" }.hasPrefix(wanted) }
         guard !wanted.isEmpty, matches.count == 1 else {
             throw BoxIdentity.Error(description: matches.isEmpty ? "no phone with fingerprint \(fingerprint)" : "\(fingerprint) matches \(matches.count) phones; give more of the fingerprint")
         }

@@ -1,5 +1,5 @@
 import BoxkeyDBus
-import Foundation
+import FoundationEssentials
 
 /// What `boxkeyd doctor` and `boxkey doctor` found: one line per check, and for each problem
 /// what to do about it.
@@ -99,7 +99,7 @@ public enum RadioDoctor {
         let files = FileManager.default
         for entry in (try? files.contentsOfDirectory(atPath: root)) ?? [] {
             func read(_ name: String) -> String {
-                ((try? String(contentsOfFile: "\(root)/\(entry)/\(name)", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+                String(((try? String(contentsOfFile: "\(root)/\(entry)/\(name)", encoding: .utf8)) ?? "").filter { !$0.isWhitespace })
             }
             guard read("type") == "bluetooth" else { continue }
             if read("hard") == "1" { return "blocked by a hardware switch (\(read("name")))" }

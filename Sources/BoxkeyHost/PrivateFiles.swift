@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Private files of the box and the phone: directories 0700, files 0600, written whole or not
 /// at all, and on disk before the call returns (the vault counts a PIN attempt this way before
@@ -15,7 +16,7 @@ public enum PrivateFiles {
             do {
                 try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
-                throw Failure("cannot create \(path): \(error.localizedDescription)")
+                throw Failure("cannot create \(path): \(error)")
             }
         }
         guard chmod(path, 0o700) == 0 else { throw Failure("cannot make \(path) private: \(errnoText())") }
@@ -80,8 +81,8 @@ public enum PrivateFiles {
 
     /// The rename is durable only once the directory entry is (rename(2), fsync(2)).
     private static func syncDirectory(of path: String) {
-        let directory = (path as NSString).deletingLastPathComponent
-        let fd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+        let fd = open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return }
         fsync(fd)
         close(fd)

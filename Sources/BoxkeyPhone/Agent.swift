@@ -1,6 +1,7 @@
 import BoxkeyCore
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// What `boxkey agent status` shows.
 public struct AgentStatus: Codable, Sendable, Equatable {

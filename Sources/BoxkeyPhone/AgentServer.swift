@@ -1,7 +1,7 @@
 import BoxkeyCore
 import BoxkeyDBus
 import CBoxkeySys
-import Foundation
+import FoundationEssentials
 import NIOCore
 import NIOPosix
 import Synchronization

@@ -1,6 +1,6 @@
 import BoxkeyCore
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 
 /// How the phone reaches a paired box, in the order the transport allows:
 /// 1. a live link it already holds (the agent's presence link) — for lock and logout; a push

@@ -1,6 +1,8 @@
 import BoxkeyCore
 import CBoxkeySys
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
+import Glibc
 
 /// Starting a process that outlives the command (`boxkey agent start`): the child runs in its
 /// own session with a clean signal mask, gets a secret (the PIN) on its standard input, and its
@@ -43,13 +45,15 @@ public enum Detached {
             _ = write(stdinPipe[1], "\n", 1)
         }
         close(stdinPipe[1])
-        let reader = FileHandle(fileDescriptor: stdoutPipe[0], closeOnDealloc: true)
-        var seen = Data()
+        defer { close(stdoutPipe[0]) }
+        var seen: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
-            let chunk = reader.availableData
-            if chunk.isEmpty { break }
-            seen.append(chunk)
-            FileHandle.standardOutput.write(chunk)
+            let n = read(stdoutPipe[0], &chunk, chunk.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+            seen += chunk[..<n]
+            Console.write(1, Array(chunk[..<n]))
             if String(decoding: seen, as: UTF8.self).contains(ready) { return 0 }
         }
         // It ended without saying it was ready: its exit status, or failure if a signal ended

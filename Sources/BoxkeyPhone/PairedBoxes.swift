@@ -1,7 +1,7 @@
 import BoxkeyCore
 import BoxkeyHost
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 
 /// Boxes this phone has paired with (`boxes.json`): the pinned key per box ID, and where and
 /// when the box was last heard, so the next connection can skip the scan (`BoxFinder`).

@@ -1,6 +1,6 @@
 import BoxkeyCore
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 
 extension Phone {
     /// Pairs with box `id` under the code it shows: the handshake (CPace + Noise IKpsk2) proves

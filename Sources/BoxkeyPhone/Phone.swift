@@ -1,7 +1,8 @@
 import BoxkeyCore
 import BoxkeyRadio
 import CBoxkeySys
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// This phone: its folders, its identity, the boxes it paired with. Every phone command starts
 /// here; failures come back as `PhoneFailure`s with their outcome.

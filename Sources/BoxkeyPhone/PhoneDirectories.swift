@@ -1,5 +1,6 @@
 import BoxkeyHost
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Where the phone keeps its state, all 0700:
 /// - `$XDG_CONFIG_HOME/boxkey`: its key (`phone.key`), the pinned boxes (`boxes.json`);
@@ -17,7 +18,7 @@ public struct PhoneDirectories: Sendable {
         func xdg(_ name: String, _ fallback: String) -> String {
             (environment[name].flatMap { $0.isEmpty ? nil : $0 } ?? fallback) + "/boxkey"
         }
-        let home = environment["HOME"] ?? NSHomeDirectory()
+        let home = environment["HOME"] ?? getpwuid(getuid()).flatMap { $0.pointee.pw_dir.map { String(cString: $0) } } ?? "/"
         config = xdg("XDG_CONFIG_HOME", home + "/.config")
         data = xdg("XDG_DATA_HOME", home + "/.local/share")
         state = xdg("XDG_STATE_HOME", home + "/.local/state")

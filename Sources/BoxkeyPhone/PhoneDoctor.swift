@@ -1,5 +1,6 @@
 import BoxkeyHost
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// `boxkey doctor`: what stops this phone logging in, each with what to do. Reads only: it
 /// never makes a phone key.

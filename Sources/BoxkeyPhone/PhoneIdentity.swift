@@ -1,7 +1,7 @@
 import BoxkeyCore
 import BoxkeyHost
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 
 /// The phone's static key (`phone.key`, 0600) and its device secret, created on first use.
 /// The key identifies the phone to boxes; the device secret binds the vault to this device.
@@ -40,6 +40,7 @@ public struct PhoneIdentity: Sendable {
     /// A stable simulated-radio address for this phone.
     public var simulatedAddress: DeviceAddress {
         let h = Blake2b.hash(keyPair.publicKey.bytes, outputLength: 3)
-        return DeviceAddress(String(format: "00:50:48:%02X:%02X:%02X", h[0], h[1], h[2]))!
+        let hex = h.prefix(3).map { ($0 < 16 ? "0" : "") + String($0, radix: 16, uppercase: true) }
+        return DeviceAddress("00:50:48:" + hex.joined(separator: ":"))!
     }
 }

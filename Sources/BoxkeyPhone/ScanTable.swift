@@ -1,6 +1,6 @@
 import BoxkeyCore
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 
 /// The boxes a scan has heard, strongest first, and their rendering: a plain line per box, a
 /// JSON object per advertisement, or a table redrawn in place on a terminal.
@@ -13,7 +13,7 @@ public struct ScanTable: Sendable {
         public var loginPrompt: Bool
 
         public var line: String {
-            "\(id)  \(String(format: "%4d", rssi)) dBm  \(paired ? "paired    " : "not paired")\(loginPrompt ? "  at login prompt" : "")  \(address)"
+            "\(id)  \(String(repeating: " ", count: max(0, 4 - String(rssi).count)) + String(rssi)) dBm  \(paired ? "paired    " : "not paired")\(loginPrompt ? "  at login prompt" : "")  \(address)"
         }
     }
 

@@ -1,5 +1,6 @@
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// `boxkey sim move` posts a walk in a file next to the simulated radio; the presence link
 /// (`PresenceLink`) picks it up and moves the phone on the simulated air.
@@ -7,7 +8,7 @@ public struct SimMoves: Sendable {
     let path: String
 
     public init(directory: String, address: DeviceAddress) {
-        path = "\(directory)/\(address.string.replacingOccurrences(of: ":", with: "-")).move"
+        path = "\(directory)/\(String(address.string.map { $0 == ":" ? "-" : $0 })).move"
     }
 
     public func post(to: Double, over: Double) {

@@ -1,6 +1,7 @@
 import BoxkeyCore
 import BoxkeyHost
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// The phone's credential vault: user and password sealed with XChaCha20-Poly1305 in
 /// `$XDG_DATA_HOME/boxkey/vault` (0600).
@@ -76,7 +77,7 @@ public struct Vault {
             case .noCredentials: tr("no credentials stored: run `boxkey credentials set`")
             case .pinRequired: tr("the vault is protected by a PIN")
             case .wrongPIN(let n): tr.plural("wrong PIN; {n} attempt left before the credentials are wiped", "wrong PIN; {n} attempts left before the credentials are wiped", n, ("n", n))
-            case .lockedOut(let until, let f): tr("{n} wrong PINs: try again after {time}", ("n", f), ("time", ISO8601DateFormatter().string(from: until)))
+            case .lockedOut(let until, let f): tr("{n} wrong PINs: try again after {time}", ("n", f), ("time", until.ISO8601Format()))
             case .wiped: tr("the credentials were wiped after {n} wrong PINs: store them again with `boxkey credentials set`", ("n", Vault.maxFailures))
             case .tampered(let why): tr("the vault file was modified outside boxkey ({why}); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)", ("why", why))
             case .noPINEntered: tr("no PIN entered; nothing was tried")
@@ -145,7 +146,7 @@ public struct Vault {
     /// a lock file can be unlinked between two attempts, and each would then hold a lock of
     /// its own (an attacker's review lost counts that way).
     private func lock() throws -> Int32 {
-        let directory = (path as NSString).deletingLastPathComponent
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(directory): \(String(cString: strerror(errno)))") }
         // Bounded: a stopped or hung process holding the lock must not hang this one (the

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// A device's position on a line, in metres, as a function of time: still, or moving at a
 /// constant speed from one point to another.

@@ -1,5 +1,5 @@
 import BoxkeyRadio
-import Foundation
+import FoundationEssentials
 import NIOCore
 import NIOPosix
 import NIOConcurrencyHelpers
@@ -93,7 +93,7 @@ public final class SocketAir: Sendable {
 
     // MARK: Files
 
-    private func fileName(_ address: DeviceAddress) -> String { address.string.replacingOccurrences(of: ":", with: "-") }
+    private func fileName(_ address: DeviceAddress) -> String { address.string.replacing(":", with: "-") }
     func filePath(_ address: DeviceAddress) -> String { "\(directory)/\(fileName(address)).json" }
     func socketPath(_ address: DeviceAddress) -> String { "\(directory)/\(fileName(address)).sock" }
 

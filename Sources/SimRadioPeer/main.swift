@@ -5,6 +5,7 @@
 import BoxkeyRadio
 import BoxkeySimRadio
 import Foundation
+import Glibc
 
 let args = CommandLine.arguments
 guard args.count == 5, let address = DeviceAddress(args[1]) else {

@@ -2,7 +2,9 @@ import ArgumentParser
 import BoxkeyCore
 import BoxkeyHost
 import BoxkeyPhone
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 
 /// A lifetime such as 90s, 30m, 4h or 3600 (seconds).
 struct Lifetime: ExpressibleByArgument {

@@ -20,7 +20,7 @@ struct Boxkey: AsyncParsableCommand {
         agent), $XDG_STATE_HOME/boxkey/agent.log.
 
         Exit codes:
-        \(Outcome.allCases.map { "  \(String($0.rawValue).padding(toLength: 3, withPad: " ", startingAt: 0)) \($0.summary)" }.joined(separator: "\n"))
+        \(Outcome.allCases.map { "  \((String($0.rawValue) + "   ").prefix(3)) \($0.summary)" }.joined(separator: "\n"))
         """,
         version: "boxkey \(BoxkeyRelease.description)",
         subcommands: [Scan.self, Pair.self, Forget.self, Credentials.self, PIN.self, Login.self, Lock.self, Logout.self,

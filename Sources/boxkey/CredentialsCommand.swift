@@ -1,7 +1,8 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
 
 extension Boxkey {
     struct Credentials: AsyncParsableCommand {
@@ -16,8 +17,8 @@ extension Boxkey {
                     var vault = try phone.vault()
                     let name: String
                     if let user { name = user } else {
-                        FileHandle.standardError.write("User: ".data(using: .utf8)!)
-                        name = readLine()?.trimmingCharacters(in: .whitespaces) ?? ""
+                        Console.error("User: ")
+                        name = readLine()?.trimmed ?? ""
                     }
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
                         throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")

@@ -1,7 +1,7 @@
 import ArgumentParser
 import BoxkeyHost
 import BoxkeyPhone
-import Foundation
+import FoundationEssentials
 
 extension Boxkey {
     struct Doctor: AsyncParsableCommand {

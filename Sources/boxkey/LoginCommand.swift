@@ -1,7 +1,9 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 
 extension Boxkey {
     struct Login: AsyncParsableCommand {

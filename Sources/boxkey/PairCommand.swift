@@ -1,7 +1,8 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
 
 extension Boxkey {
     struct Pair: AsyncParsableCommand {
@@ -31,7 +32,7 @@ extension Boxkey {
                     throw PhoneFailure(.failure, tr("box {box} is already paired; use --replace to pair again (a reinstalled box)", ("box", id)))
                 }
                 let typed = code ?? {
-                    FileHandle.standardError.write("Pairing code shown on box \(id): ".data(using: .utf8)!)
+                    Console.error("Pairing code shown on box \(id): ")
                     return readLine() ?? ""
                 }()
                 guard let pairingCode = PairingCode(typed) else { throw ValidationError("a pairing code is \(PairingCode.digits) digits") }

@@ -1,7 +1,7 @@
 import ArgumentParser
 import BoxkeyHost
 import BoxkeyPhone
-import Foundation
+import FoundationEssentials
 
 extension RadioChoice.Backend: ExpressibleByArgument {}
 
@@ -29,7 +29,7 @@ struct RadioOptions: ParsableArguments {
         let opened = try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
         if radio == .auto, opened.simulated != nil {
             // Never silently: a box on real Bluetooth cannot hear this phone now.
-            FileHandle.standardError.write(Data("boxkey: no Bluetooth adapter; --radio auto uses the simulated radio\n".utf8))
+            Console.error("boxkey: no Bluetooth adapter; --radio auto uses the simulated radio\n")
         }
         return opened
     }

@@ -2,7 +2,9 @@ import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
 import BoxkeyRadio
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
+import Glibc
 
 extension Boxkey {
     struct Scan: AsyncParsableCommand {
@@ -43,8 +45,8 @@ extension Boxkey {
                         let elapsed = Double((clock.now - start).nanoseconds) / 1e9
                         let n = table.rows.count
                         let status = final ? "\(n) box\(n == 1 ? "" : "es") found"
-                            : "\(spinner[Int(elapsed * 10) % spinner.count]) scanning… \(String(format: "%.0f", max(0, seconds - elapsed).rounded(.up))) s left"
-                        FileHandle.standardOutput.write(table.redraw(status: status).data(using: .utf8)!)
+                            : "\(spinner[Int(elapsed * 10) % spinner.count]) scanning… \(Int(max(0, seconds - elapsed).rounded(.up))) s left"
+                        Console.out(table.redraw(status: status))
                         lastDraw = clock.now
                     }
                     draw()

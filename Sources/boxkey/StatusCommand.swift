@@ -1,7 +1,7 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
-import Foundation
+import FoundationEssentials
 
 extension Boxkey {
     struct Status: AsyncParsableCommand {

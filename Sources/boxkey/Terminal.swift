@@ -1,7 +1,9 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 /// Talking to the person: standard output for results, standard error for questions,
@@ -20,23 +22,23 @@ enum Terminal {
 
     /// A line to standard output, unbuffered, so a log file follows live.
     static func say(_ message: String) {
-        FileHandle.standardOutput.write((message + "\n").data(using: .utf8)!)
+        Console.out(message + "\n")
     }
 
     static func warn(_ message: String) {
-        FileHandle.standardError.write((message + "\n").data(using: .utf8)!)
+        Console.error(message + "\n")
     }
 
     /// "looking for box 4821… 3 s", redrawn in place on a terminal; nothing when piped.
     static func progress(_ line: String) {
         guard isatty(2) == 1 else { return }
-        FileHandle.standardError.write("\r\u{1B}[2K\(line)".data(using: .utf8)!)
+        Console.error("\r\u{1B}[2K\(line)")
         progressShown.withLock { $0 = true }
     }
 
     static func clearProgress() {
         guard progressShown.withLock({ let was = $0; $0 = false; return was }) else { return }
-        FileHandle.standardError.write("\r\u{1B}[2K".data(using: .utf8)!)
+        Console.error("\r\u{1B}[2K")
     }
 
     private static let progressShown = Mutex(false)
@@ -45,28 +47,28 @@ enum Terminal {
     static func offerToSearchAgain(_ id: BoxID) -> Bool {
         guard isInteractive else { return false }
         clearProgress()
-        FileHandle.standardError.write(tr("Box {box} not found nearby. Search again? [Y/n] ", ("box", id)).data(using: .utf8)!)
+        Console.error(tr("Box {box} not found nearby. Search again? [Y/n] ", ("box", id)))
         guard let line = readLine() else { return false }
-        return ["", "y", "yes"].contains(line.trimmingCharacters(in: .whitespaces).lowercased())
+        return ["", "y", "yes"].contains(line.trimmed.lowercased())
     }
 
     static func confirm(_ question: String) -> Bool {
-        FileHandle.standardError.write("\(question) [y/N] ".data(using: .utf8)!)
+        Console.error("\(question) [y/N] ")
         guard let line = readLine() else { return false }
-        return ["y", "yes"].contains(line.trimmingCharacters(in: .whitespaces).lowercased())
+        return ["y", "yes"].contains(line.trimmed.lowercased())
     }
 
     /// Reads a secret: without echo on a terminal, else one line of standard input. Never nil:
     /// nothing entered is an empty secret (which the vault does not count as an attempt).
     static func readSecret(_ prompt: String) -> SecureBytes {
         guard isatty(0) == 1 else { return readLineSecure() }
-        FileHandle.standardError.write(prompt.data(using: .utf8)!)
+        Console.error(prompt)
         var old = termios()
         tcgetattr(0, &old)
         var quiet = old
         quiet.c_lflag &= ~tcflag_t(ECHO)
         tcsetattr(0, TCSAFLUSH, &quiet)
-        defer { tcsetattr(0, TCSAFLUSH, &old); FileHandle.standardError.write("\n".data(using: .utf8)!) }
+        defer { tcsetattr(0, TCSAFLUSH, &old); Console.error("\n") }
         return readLineSecure()
     }
 

@@ -2,7 +2,8 @@ import ArgumentParser
 import BoxkeyCore
 import BoxkeyDaemon
 import BoxkeyPAMWire
-import Foundation
+import BoxkeyHost
+import FoundationEssentials
 import Logging
 
 /// boxkeyd: the Boxkey box daemon.
@@ -28,7 +29,7 @@ struct DaemonOptions: ParsableArguments {
     func load() throws -> DaemonConfig {
         var c: DaemonConfig
         do { c = try DaemonConfig.load(path: config) } catch {
-            FileHandle.standardError.write("boxkeyd: \(error)\n".data(using: .utf8)!)
+            Console.error("boxkeyd: \(error)\n")
             throw ExitCode(78)   // EX_CONFIG
         }
         if let socket { c.pamSocket = socket }
@@ -185,12 +186,12 @@ func ask(_ request: PAMRequest, _ options: DaemonOptions) throws -> String {
         switch try client.receive(timeoutMilliseconds: 5000) {
         case .text(let t): return t
         case .error(let e):
-            FileHandle.standardError.write("boxkeyd: \(e)\n".data(using: .utf8)!)
+            Console.error("boxkeyd: \(e)\n")
             throw ExitCode(1)
         default: throw ExitCode(1)
         }
     } catch let e as PAMSocketClient.Error {
-        FileHandle.standardError.write("boxkeyd: the daemon is not answering on \(config.pamSocket) (\(e)); is it running, and are you root?\n".data(using: .utf8)!)
+        Console.error("boxkeyd: the daemon is not answering on \(config.pamSocket) (\(e)); is it running, and are you root?\n")
         throw ExitCode(69)   // EX_UNAVAILABLE
     }
 }
