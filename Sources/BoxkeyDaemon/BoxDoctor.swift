@@ -46,21 +46,33 @@ public enum BoxDoctor {
         }
         let read: (String) -> String? = { try? String(contentsOfFile: "\(pamDirectory)/\($0)", encoding: .utf8) }
         var anyService = false
-        for service in config.phoneLoginServices.sorted() {
+        // common-auth too: sudo, su, sshd and polkit include it, and a lockout there locks the admin out.
+        for service in config.phoneLoginServices.sorted() + ["common-auth"] {
             guard let lines = PAMStack.authLines(service, read: read) else { continue }
-            anyService = true
+            if service != "common-auth" { anyService = true }
             let check = "PAM service \(service)"
             switch PAMStack.judge(lines) {
             case .good(let verifier):
                 report.ok(check, "pam_boxkey, then \(verifier) takes the pushed password")
             case .absent:
-                report.warn(check, "pam_boxkey is not in its auth stack: no phone login here", do: "pam-auth-update --enable boxkey (or add pam/pam-configs/boxkey's line before the password module)")
+                if service != "common-auth" {
+                    report.warn(check, "pam_boxkey is not in its auth stack: no phone login here", do: "pam-auth-update --enable boxkey (or add pam/pam-configs/boxkey's line before the password module)")
+                }
             case .noVerifierAfter:
                 report.fail(check, "nothing checks the password after pam_boxkey", do: "put the password module (pam_unix, pam_sss) after it with try_first_pass")
             case .verifierIgnoresPush(let verifier):
                 report.fail(check, "\(verifier) after pam_boxkey asks for the password itself: the push is not used", do: "add try_first_pass to \(verifier)")
             case .endsStack(let control):
-                report.fail(check, "pam_boxkey's control \(control) ends the stack on its own success: nothing would check the password", do: "use [success=ok default=ignore]")
+                report.fail(check, "pam_boxkey's control \(control) ends or skips the stack on its own success: nothing would check the password", do: "use [success=ok default=ignore]")
+            case .failsWithoutPush(let control):
+                report.fail(check, "pam_boxkey's control \(control) fails every login that no phone pushes", do: "use [success=ok default=ignore]")
+            case .verifierOptional(let verifier):
+                report.fail(check, "\(verifier) after pam_boxkey is optional: the stack may succeed when it fails", do: "make \(verifier) required (or Debian's [success=1 default=ignore] before pam_deny)")
+            case .lockout(let verifier):
+                report.fail(check, "\(verifier) has use_first_pass and pam_boxkey does not ask when no push comes: every password login fails",
+                            do: "add ask_password to the pam_boxkey line (the pam-auth-update profile has it)")
+            case .twice:
+                report.warn(check, "pam_boxkey is in the stack twice: two waits for one push", do: "keep one pam_boxkey line (common-auth, or the service's own)")
             case .afterVerifier(let verifier):
                 report.warn(check, "pam_boxkey comes after \(verifier): the password prompt comes first", do: "move pam_boxkey before \(verifier)")
             }
@@ -70,10 +82,15 @@ public enum BoxDoctor {
         }
         let verify = config.verifyService
         if let lines = PAMStack.authLines(verify, read: read) {
+            let first = lines.firstIndex { PAMStack.verifiers.contains($0.name) }
+            let before = first.map { Array(lines[..<$0]) } ?? lines
             if lines.contains(where: { $0.name == "pam_boxkey" }) {
                 report.fail("PAM service \(verify)", "has pam_boxkey: the box's own check would wait for a push", do: "leave only the password module in \(pamDirectory)/\(verify)")
-            } else if !lines.contains(where: { PAMStack.verifiers.contains($0.name) }) {
+            } else if first == nil {
                 report.warn("PAM service \(verify)", "no password module in it", do: "put the site's verifier in \(pamDirectory)/\(verify) (pam_unix or pam_sss)")
+            } else if before.contains(where: { $0.control == "sufficient" || $0.name == "pam_permit" }) || ["optional", "sufficient"].contains(lines[first!].control) {
+                report.fail("PAM service \(verify)", "a module can succeed without \(lines[first!].name): any pushed password would pass the box's own check",
+                            do: "leave \(lines[first!].name) alone and required in \(pamDirectory)/\(verify)")
             } else {
                 report.ok("PAM service \(verify)", "the box's own password check is there")
             }

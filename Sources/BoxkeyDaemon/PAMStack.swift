@@ -22,8 +22,17 @@ public enum PAMStack {
         case noVerifierAfter
         /// The module after it asks for a password itself: the push is not used.
         case verifierIgnoresPush(String)
-        /// Its control can end the stack on its own success.
+        /// Its control can end the stack, or jump past the password check, on its own success.
         case endsStack(control: String)
+        /// Its control fails every login without a push (required, requisite, die, bad).
+        case failsWithoutPush(control: String)
+        /// The password module after it is optional: a stack where it fails may still succeed.
+        case verifierOptional(String)
+        /// The password module after it has use_first_pass (never asks) and pam_boxkey does not
+        /// ask when no push comes (ask_password): every login without a push fails.
+        case lockout(String)
+        /// pam_boxkey is in the stack twice: two waits for one push.
+        case twice
         /// It comes after the password module: the password prompt shows first.
         case afterVerifier(String)
     }
@@ -47,8 +56,12 @@ public enum PAMStack {
             if line.hasSuffix("\\") { logical += line.dropLast() + " "; continue }
             line = logical + line
             logical = ""
-            let words = tokens(line)
-            guard let first = words.first else { continue }
+            // libpam reads type and control keywords whatever their case.
+            var words = tokens(line)
+            guard !words.isEmpty else { continue }
+            words[0] = words[0].lowercased()
+            if words.count > 1 { words[1] = words[1].lowercased() }
+            let first = words[0]
             if first == "@include", words.count > 1 {
                 lines += authLines(words[1], read: read, depth: depth + 1) ?? []
                 continue
@@ -84,14 +97,30 @@ public enum PAMStack {
     public static func judge(_ lines: [Line]) -> Verdict {
         guard let at = lines.firstIndex(where: { $0.name == "pam_boxkey" }) else { return .absent }
         let control = lines[at].control
-        if control == "sufficient" || control.contains("success=done") || control.contains("success=end") {
-            return .endsStack(control: control)
+        // Safe: optional, or [value=action ...] where every action is ok or ignore. Anything
+        // else ends, skips or fails the stack on pam_boxkey's word alone.
+        if control != "optional" {
+            guard control.hasPrefix("[") else {
+                return control == "sufficient" ? .endsStack(control: control) : .failsWithoutPush(control: control)
+            }
+            for pair in control.dropFirst().dropLast().split(separator: " ") {
+                let parts = pair.split(separator: "=", maxSplits: 1).map(String.init)
+                guard parts.count == 2 else { continue }
+                let (value, action) = (parts[0], parts[1])
+                if action == "ok" || action == "ignore" { continue }
+                if value == "success" || action == "done" || Int(action) != nil { return .endsStack(control: control) }
+                return .failsWithoutPush(control: control)
+            }
         }
+        if lines[(at + 1)...].contains(where: { $0.name == "pam_boxkey" }) { return .twice }
         if let before = lines[..<at].first(where: { verifiers.contains($0.name) }) { return .afterVerifier(before.name) }
         guard let verifier = lines[(at + 1)...].first(where: { verifiers.contains($0.name) }) else { return .noVerifierAfter }
+        if verifier.control == "optional" { return .verifierOptional(verifier.name) }
+        let boxkey = lines[at].arguments
         // answer_prompt: the module answers the verifier's own password question with the push.
-        let takesPush = lines[at].arguments.contains("answer_prompt")
-            || verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
+        if boxkey.contains("answer_prompt") { return .good(verifier: verifier.name) }
+        if verifier.arguments.contains("use_first_pass"), !boxkey.contains("ask_password") { return .lockout(verifier.name) }
+        let takesPush = verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
         return takesPush ? .good(verifier: verifier.name) : .verifierIgnoresPush(verifier.name)
     }
 }

@@ -26,9 +26,11 @@ public final class PAMSocketClient {
 
     private var fd: Int32
 
-    /// Connects without blocking: a missing or dead daemon fails at once.
+    /// Connects without blocking: a missing or dead daemon fails at once, and so does a daemon
+    /// that is alive but not accepting (stopped, wedged): its full listen queue gives EAGAIN,
+    /// where a blocking connect would hang every sudo and login on the box.
     public init(path: String) throws(Error) {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { throw .unavailable(errno) }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
@@ -59,6 +61,7 @@ public final class PAMSocketClient {
         while offset < bytes.count {
             try wait(for: Int16(POLLOUT), timeoutMilliseconds)
             let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            if n < 0, errno == EAGAIN || errno == EINTR { continue }
             guard n > 0 else { throw .closed }
             offset += n
         }
@@ -86,6 +89,7 @@ public final class PAMSocketClient {
             guard remaining > 0 else { throw .timedOut }
             try wait(for: Int16(POLLIN), Int32(min(remaining, Int64(Int32.max))))
             let n = out.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + offset, count - offset, 0) }
+            if n < 0, errno == EAGAIN || errno == EINTR { continue }
             guard n > 0 else { throw .closed }
             offset += n
         }

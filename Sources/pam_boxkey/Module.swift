@@ -73,8 +73,17 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     guard let raw else { return PAM_SYSTEM_ERR }
     let pamh = PAMHandle(raw: raw)
     let options = ModuleOptions(argc: argc, argv: argv)
-    let unavailable = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
+    let unavailableCode = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
     for arg in options.unknown { pamh.log(LOG_ERR, "unknown option \(arg)") }
+    /// No push used: step aside, having asked for the password when told to (ask_password).
+    var unavailable: Int32 {
+        if options.askPassword {
+            var token: UnsafePointer<CChar>?
+            let rc = pam_get_authtok(raw, PAM_AUTHTOK, &token, nil)
+            if rc != PAM_SUCCESS, options.debug { pamh.log(LOG_DEBUG, "asking for the password: \(String(cString: pam_strerror(raw, rc)))") }
+        }
+        return unavailableCode
+    }
 
     // A phone near the box cannot vouch for someone logging in over the network. A loopback
     // host goes to the daemon, which accepts it only when logind says the session is local.

@@ -12,6 +12,11 @@ struct ModuleOptions {
     /// Also answer the next module's first hidden prompt with the pushed password, for
     /// verifiers that always ask and have no use_first_pass (pam_matrix).
     var answerPrompt = false
+    /// When no push is used, ask for the password here (pam_get_authtok) and leave it for the
+    /// next module. pam-auth-update gives the modules after the first one use_first_pass
+    /// (pam_sss, pam_krb5, pam_ldap), which never ask: without this they would fail every
+    /// password login. The pam-auth-update profile sets it.
+    var askPassword = false
     var unknown: [String] = []
 
     static let minimumTimeout = 5
@@ -34,6 +39,8 @@ struct ModuleOptions {
                 ignoreUnavailable = true
             } else if arg == "answer_prompt" {
                 answerPrompt = true
+            } else if arg == "ask_password" {
+                askPassword = true
             } else {
                 unknown.append(arg)
             }

@@ -61,10 +61,25 @@ import Testing
     @Test func includeSubstackAndDashAuthAreFollowed() {
         let files = [
             "gdm-password": "-auth optional pam_gnome_keyring.so\nauth substack common-auth\n",
-            "common-auth": "auth [success=ok  default=ignore] pam_boxkey.so \\\n  timeout=30\nauth required pam_sss.so use_first_pass\n",
+            "common-auth": "auth [success=ok  default=ignore] pam_boxkey.so \\\n  timeout=30 ask_password\nauth required pam_sss.so use_first_pass\n",
         ]
         #expect(verdict(files, "gdm-password") == .good(verifier: "pam_sss"))
-        #expect(PAMStack.authLines("gdm-password") { files[$0] }![1].arguments == ["timeout=30"])
+        #expect(PAMStack.authLines("gdm-password") { files[$0] }![1].arguments == ["timeout=30", "ask_password"])
+    }
+
+    /// What an attacker's review found doctor called "ok".
+    @Test func jumpsCaseAndLockoutsAreFlagged() {
+        let unix = "auth [success=1 default=ignore] pam_unix.so try_first_pass\nauth requisite pam_deny.so\nauth required pam_permit.so\n"
+        #expect(verdict(["login": "auth [success=2 default=ignore] pam_boxkey.so\n" + unix]) == .endsStack(control: "[success=2 default=ignore]"))
+        #expect(verdict(["login": "AUTH SUFFICIENT pam_boxkey.so\n" + unix]) == .endsStack(control: "sufficient"))
+        #expect(verdict(["login": "auth requisite pam_boxkey.so\n" + unix]) == .failsWithoutPush(control: "requisite"))
+        #expect(verdict(["login": "auth optional pam_boxkey.so\nauth optional pam_unix.so try_first_pass\nauth required pam_permit.so\n"]) == .verifierOptional("pam_unix"))
+        #expect(verdict(["login": "auth optional pam_boxkey.so\nauth optional pam_boxkey.so\n" + unix]) == .twice)
+        // pam-auth-update gives pam_sss use_first_pass after pam_boxkey: without ask_password,
+        // nothing asks for the password when no push comes.
+        let sss = "auth [success=1 new_authtok_reqd=done default=ignore] pam_sss.so use_first_pass\nauth requisite pam_deny.so\n"
+        #expect(verdict(["login": "auth [success=ok default=ignore] pam_boxkey.so timeout=30\n" + sss]) == .lockout("pam_sss"))
+        #expect(verdict(["login": "auth [success=ok default=ignore] pam_boxkey.so timeout=30 ask_password\n" + sss]) == .good(verifier: "pam_sss"))
     }
 
     @Test func aModuleAfterThePasswordPromptIsLate() {

@@ -3,7 +3,11 @@
 and pam_cycles gives the prompts the local tty1 unless a test says otherwise."""
 import os
 import re
+import socket
 import subprocess
+import time
+
+from conftest import PASSWORD
 
 
 def stack(world, options, then=""):
@@ -98,3 +102,56 @@ def test_processes_holding_secrets_are_not_dumpable(world):
     finally:
         p.wait(10)
         control.wait(10)
+
+
+def first_pass_only(world):
+    """A verifier that only reads PAM_AUTHTOK (as pam_sss use_first_pass does)."""
+    path = os.path.join(world.work, "pam_first_pass_only.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", path, os.path.join(os.path.dirname(__file__), "pam_first_pass_only.c"), "-lpam"], check=True)
+    return path
+
+
+def pamtester(world, stdin):
+    return subprocess.run(["pamtester", "-v", "boxkey-only", "alice", "authenticate"], env=world.pam_env(), input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_ask_password_keeps_use_first_pass_verifiers_working(world):
+    """pam-auth-update puts pam_boxkey first and gives pam_sss use_first_pass: with no push
+    (daemon down; sudo, which is never offered), nothing would ask for the password."""
+    verifier = first_pass_only(world)
+    then = f"auth required {verifier} [password={PASSWORD}]\n"  # [ ]: one argument, spaces and all
+    stack(world, f"socket={world.work}/nobody-listens.sock ignore_unavailable", then)
+    assert pamtester(world, PASSWORD + "\n").returncode != 0  # the lockout: nobody asked
+    stack(world, f"socket={world.work}/nobody-listens.sock ignore_unavailable ask_password", then)
+    r = pamtester(world, PASSWORD + "\n")
+    assert r.returncode == 0 and "successfully authenticated" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert pamtester(world, "wrong horse\n").returncode != 0
+    # A service the daemon does not offer phone login to (sudo here): asked at once as well.
+    world.start_box()
+    with open(os.path.join(world.work, "pam.d", "sudo"), "w") as f:
+        f.write(f"auth [success=ok default=ignore] {world.bins['module']} socket={world.socket} ask_password\n{then}")
+    start = time.monotonic()
+    r = subprocess.run(["pamtester", "sudo", "alice", "authenticate"], env=world.pam_env(), input=PASSWORD + "\n",
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert time.monotonic() - start < 5
+
+
+def test_a_daemon_that_stops_accepting_never_hangs_the_login_stack(world):
+    """A daemon alive but not accepting (stopped, wedged): once its listen queue is full, a
+    blocking connect would wait for ever in every sudo and login."""
+    path = os.path.join(world.work, "wedged.sock")
+    wedged = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    wedged.bind(path)
+    wedged.listen(1)  # never accepts
+    try:
+        stack(world, f"socket={path} timeout=5 ignore_unavailable", "auth required pam_permit.so\n")
+        for attempt in range(5):  # the queue fills after the first one or two
+            start = time.monotonic()
+            r = subprocess.run(["pamtester", "boxkey-only", "alice", "authenticate"], env=world.pam_env(),
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert time.monotonic() - start < 4, f"attempt {attempt} took {time.monotonic() - start:.1f} s"
+    finally:
+        wedged.close()
