@@ -146,6 +146,17 @@ public actor Box {
         rejectedByPhone.window = next.rejectionWindow
         rejectedByUser.limit = next.rejectedPushesPerUser
         rejectedByUser.window = next.rejectionWindow
+        // A prompt waiting in a service no longer listed stops waiting now (its password prompt
+        // follows); one that waits longer than the new bound is cut to it.
+        let now = clock.now
+        for prompt in prompts.prompts.values where prompt.waiting {
+            if !next.phoneLoginServices.contains(prompt.request.service) {
+                resolve(prompt.id, .noPush(.superseded))
+            } else if prompt.deadline > now + next.maxPromptWait {
+                prompts[prompt.id]?.deadline = now + next.maxPromptWait
+            }
+        }
+        wakeTimers()
         return (changed, needRestart)
     }
 
@@ -531,7 +542,7 @@ public actor Box {
     public func registerPrompt(_ request: PAMRequest.WaitRequest, peer: PAMPeer) async -> (id: UInt64?, reply: PAMReply) {
         let what = "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(peer.pid))"
         guard config.phoneLoginServices.contains(request.service) else {
-            audit.audit(.notice, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
+            audit.audit(.info, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
             return (nil, .notOffered("phone login is not enabled for \(request.service)"))
         }
         let owner: LoginSession?
@@ -946,15 +957,15 @@ enum Locality {
     static func refusal(_ r: PAMRequest.WaitRequest, owner: LoginSession?) -> String? {
         if let owner {
             guard owner.isLocal else { return "the asking process is in \(owner.remote ? "a remote session" : "a session on no seat")" }
-            if !r.remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(r.remoteHost) { return "remote login from \(r.remoteHost)" }
+            if !r.remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(r.remoteHost) { return "remote login from \(logSafe(r.remoteHost))" }
             if owner.sessionClass != "greeter", !r.expectedUser.isEmpty, owner.user != r.expectedUser {
-                return "a prompt for \(r.expectedUser) inside \(owner.user)'s session"
+                return "a prompt for \(logSafe(r.expectedUser)) inside \(logSafe(owner.user))'s session"
             }
             return nil
         }
-        if !r.remoteHost.isEmpty { return "remote login from \(r.remoteHost) with no local session" }
+        if !r.remoteHost.isEmpty { return "remote login from \(logSafe(r.remoteHost)) with no local session" }
         if isLocalTerminal(r.tty) || isLocalDisplay(r.display) || isLocalDisplay(r.tty) { return nil }
-        return "not a local session (no logind session; terminal \"\(r.tty)\")"
+        return "not a local session (no logind session; terminal \"\(logSafe(r.tty))\")"
     }
 
     /// A virtual console: tty1 ... tty63 (with or without /dev/).

@@ -193,6 +193,12 @@ struct ReloadService: Service {
     let logger: Logger
 
     func run() async throws {
+        // A SIGHUP while the daemon waited for Bluetooth was ignored: read the file once now,
+        // and say so only if that changed something.
+        if let reloaded = try? load() {
+            let (changed, _) = await box.reload(reloaded)
+            if changed { logger.notice("reloaded the configuration: it changed while the daemon started") }
+        }
         for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
             var now = timespec()
             clock_gettime(CLOCK_MONOTONIC, &now)

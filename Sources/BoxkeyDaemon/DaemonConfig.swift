@@ -110,8 +110,13 @@ public struct DaemonConfig: Sendable, Equatable {
         init(_ d: String) { description = d }
     }
 
-    public static func load(path: String) throws -> DaemonConfig {
-        guard FileManager.default.fileExists(atPath: path) else { return DaemonConfig() }
+    /// A missing file is every default, unless `missingIsError` (a reload: a file moved away
+    /// must not quietly widen the services and limits back to the defaults).
+    public static func load(path: String, missingIsError: Bool = false) throws -> DaemonConfig {
+        guard FileManager.default.fileExists(atPath: path) else {
+            if missingIsError { throw Error("\(path): no such file") }
+            return DaemonConfig()
+        }
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
             throw Error("\(path): cannot read the file")
         }

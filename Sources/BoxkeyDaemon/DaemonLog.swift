@@ -129,10 +129,18 @@ public struct DaemonLogHandler: LogHandler {
         }
         // Text: the fields that are not already in the words, for grep.
         let extra = all.filter { $0.key != "message_id" && $0.key != "audit" }
-            .sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+            .sorted { $0.key < $1.key }.map { "\($0.key)=\(Self.quoted("\($0.value)"))" }.joined(separator: " ")
         let time = Date().ISO8601Format()
         let text = "\(time) \(level) \(label): \(message)\(extra.isEmpty ? "" : " [\(extra)]")\n"
         Console.error(text)
+    }
+
+    /// A field's value for the text line: bare when plain, else in quotes with " and \\ escaped,
+    /// so a user name like `x boxkey_user=root` cannot read as a field of its own.
+    static func quoted(_ value: String) -> String {
+        let plain = !value.isEmpty && value.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._@:-/".contains($0)) }
+        if plain { return value }
+        return "\"" + value.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"") + "\""
     }
 
     private static func send(_ fields: [String]) -> Bool {

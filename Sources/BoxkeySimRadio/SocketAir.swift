@@ -15,6 +15,13 @@ import NIOConcurrencyHelpers
 ///   CLOCK_MONOTONIC time at which they are due, so both processes share one time line.
 /// - A process that dies without disconnecting is noticed by the other side after the
 ///   supervision timeout, as a phone whose battery died would be.
+public enum SocketAirError: Error, CustomStringConvertible {
+    case foreignDirectory(String)
+    public var description: String {
+        switch self { case .foreignDirectory(let why): "the simulated radio's folder is unsafe: \(why)" }
+    }
+}
+
 public final class SocketAir: Sendable {
     public let air: SimulatedAir
     public let directory: String
@@ -42,6 +49,12 @@ public final class SocketAir: Sendable {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             chmod(directory, 0o1777)
         }
+        // Root writes and chmods files here: never in a folder another user owns, where that
+        // user could swap a name for a link to a file of root's.
+        var st = stat()
+        if geteuid() == 0, lstat(directory, &st) == 0, st.st_uid != 0 || (st.st_mode & S_IFMT) != S_IFDIR {
+            throw SocketAirError.foreignDirectory("\(directory) belongs to uid \(st.st_uid) (or is not a folder); as root, use a folder of root's own, such as /run/boxkey-sim")
+        }
         air = SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
         air.state.withLockedValue { s in
             s.onPeripheralChange = { [weak self] address in self?.publishFile(of: address) }
@@ -63,7 +76,8 @@ public final class SocketAir: Sendable {
             }
             .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true)
             .wait()
-        chmod(path, 0o666)
+        // Anyone may connect, as over real air; never through a link someone put at the name.
+        fchmodat(AT_FDCWD, path, 0o666, AT_SYMLINK_NOFOLLOW)
         state.withLockedValue { $0.servers[address] = server }
         publishFile(of: address)
         return peripheral
@@ -115,10 +129,16 @@ public final class SocketAir: Sendable {
         }
         guard let file, let data = try? JSONEncoder().encode(file) else { return }
         let path = filePath(address)
-        let temporary = path + ".\(getpid()).tmp"
-        if FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o644]) {
-            rename(temporary, path)
-        }
+        // A new file of our own (O_EXCL, O_NOFOLLOW), its mode set on the descriptor, then
+        // renamed into place: nothing here follows a name another user could have planted.
+        let temporary = path + ".\(UInt64.random(in: 0...UInt64.max)).tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return }
+        fchmod(fd, 0o644)
+        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        if written == data.count, rename(temporary, path) == 0 { return }
+        unlink(temporary)
     }
 
     /// Mirrors other processes' peripherals into this air. Called while scanning and before

@@ -96,7 +96,7 @@ extension Boxkeyd {
                 // SIGHUP re-reads the file; the options given here override only keys that a
                 // reload keeps as they are anyway.
                 let path = options.config
-                try await Daemon.run(config: config, logger: logger, reload: { try DaemonConfig.load(path: path) })
+                try await Daemon.run(config: config, logger: logger, reload: { try DaemonConfig.load(path: path, missingIsError: true) })
             } catch let error as Daemon.StartError {
                 logger.critical("cannot start: \(error.description)")
                 throw ExitCode(1)

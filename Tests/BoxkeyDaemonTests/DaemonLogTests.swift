@@ -21,6 +21,12 @@ import Testing
         #expect(!fields.contains { $0.hasPrefix("_") || $0.hasPrefix("9") })
     }
 
+    @Test func textFieldsCannotForgeFields() {
+        #expect(DaemonLogHandler.quoted("alice") == "alice")
+        #expect(DaemonLogHandler.quoted("x boxkey_user=root") == "\"x boxkey_user=root\"")
+        #expect(DaemonLogHandler.quoted("a\"] b") == "\"a\\\"] b\"")
+    }
+
     @Test func prioritiesAreSyslogs() {
         #expect([Logger.Level.debug, .info, .notice, .warning, .error, .critical].map(DaemonLogHandler.priority) == [7, 6, 5, 4, 3, 2])
     }

@@ -329,24 +329,31 @@ def test_sighup_reloads_what_it_can_and_keeps_the_rest(world):
     world.start_box()
     world.pair_and_store()
     pid = world.box_process.pid
-    # The phone-login services change at once: without boxkey-test in the list, its prompt is
-    # not offered any more, and its password prompt works as before.
+    waiting = world.greeter(stdin=PASSWORD + "\n")  # offered, waiting for a push
+    # The phone-login services change at once: without boxkey-test in the list, the waiting
+    # prompt stops waiting (its password prompt takes over) and the next is not offered.
     world.settings["pam"]["services"] = ["login"]
     world.settings["box"]["id"] = "4822"  # the box ID needs a restart: said, not applied
     world.config()
+    start = time.monotonic()
     os.kill(pid, signal.SIGHUP)
     wait_for(lambda: "reloaded the configuration" in world.box_output(), what="the reload")
+    code, out = world.finish(waiting)
+    assert code == 0 and "Box 4821" in out and time.monotonic() - start < 10, out
     assert "not applied until boxkeyd restarts: [box] id" in world.box_output()
     prompt = world.greeter(stdin=PASSWORD + "\n", wait=False)
     wait_for(lambda: "not offering phone login to boxkey-test" in world.box_output(), what="the refusal")
     code, out = world.finish(prompt)
     assert code == 0 and "Box 4821" not in out, out
     assert json.loads(world.admin("status", "--json").stdout)["boxID"] == "4821"
-    # A file that no longer parses changes nothing: the last good settings stay.
+    # A file that no longer parses, or that is gone, changes nothing: the last good settings stay.
     with open(world.config(), "a") as f:
         f.write("[pam\n")
     os.kill(pid, signal.SIGHUP)
     wait_for(lambda: "reload failed, the running settings stay" in world.box_output(), what="the failed reload")
+    os.rename(os.path.join(world.work, "boxkeyd.conf"), os.path.join(world.work, "moved.conf"))
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: "boxkeyd.conf: no such file" in world.box_output(), what="the reload of a missing file")
     assert world.box_process.poll() is None
     world.settings["pam"]["services"] = ["boxkey-test"]
     world.config()
@@ -374,3 +381,16 @@ def test_boxkeyd_doctor_checks_the_daemon_and_the_configuration(world):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED  configuration: " + bad + " line 2: [presence] policy must be lock, logout or none" in r.stdout
     assert "ok      boxkeyd: answering" in r.stdout
+
+
+def test_root_refuses_a_simulated_radio_folder_another_user_owns(world):
+    """Root writes and chmods files in the simulated radio's folder: in a folder of another
+    user's, that user could swap a name for a link to one of root's files."""
+    foreign = os.path.join(world.work, "foreign-air")
+    os.makedirs(foreign)
+    os.chown(foreign, 65534, 65534)
+    world.settings["radio"]["sim_directory"] = foreign
+    box = world.start_box(expect_ready=False)
+    assert box.wait(timeout=20) == 1
+    assert "belongs to uid 65534" in world.box_output() and "/run/boxkey-sim" in world.box_output()
+    assert os.listdir(foreign) == []
