@@ -229,10 +229,25 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
 
     func discover(service uuid: String) async throws -> GATTService {
         let wanted = uuid.lowercased()
-        guard let servicePath = central.objects.objects(with: BlueZ.gattService, under: path + "/")
-                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else {
-            throw RadioError.serviceNotFound(uuid)
+        /// The service's path, once it and its characteristics are known here.
+        func find() -> String? {
+            guard let service = central.objects.objects(with: BlueZ.gattService, under: path + "/")
+                    .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else { return nil }
+            let hasCharacteristics = central.objects.objects(with: BlueZ.gattCharacteristic, under: service + "/")
+                .contains { $0.value["Service"]?.string == service }
+            return hasCharacteristics ? service : nil
         }
+        // The service's objects can reach this process a moment after ServicesResolved (seen
+        // in the lab under load as serviceNotFound, and against bluezoo as characteristicNotFound,
+        // on a box that had both): look again for up to a second before calling it missing.
+        var found = find()
+        for _ in 0..<10 where found == nil {
+            try await Task.sleep(for: .milliseconds(100))
+            try? await central.objects.reload()  // ask bluetoothd, in case a signal was missed
+            found = find()
+        }
+        guard let servicePath = found ?? central.objects.objects(with: BlueZ.gattService, under: path + "/")
+                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else { throw RadioError.serviceNotFound(uuid) }
         let characteristics = central.objects.objects(with: BlueZ.gattCharacteristic, under: servicePath + "/")
             .filter { $0.value["Service"]?.string == servicePath }
             .sorted { $0.key < $1.key }
