@@ -134,9 +134,9 @@ public actor Box {
     /// SIGHUP: takes the new settings that can change while running (limits, enrolment,
     /// presence, services, timeouts); returns the changed keys that need a restart. Counts and
     /// links in progress carry on under the new limits.
-    public func reload(_ reloaded: DaemonConfig) -> (changed: Bool, needRestart: [String]) {
+    public func reload(_ reloaded: DaemonConfig) -> (changed: [String], needRestart: [String]) {
         let (next, needRestart) = config.reloading(reloaded)
-        let changed = next != config
+        let changed = config.changes(to: next)
         config = next
         enrolment.lifetime = next.pairingCodeLifetime
         enrolment.tries = next.pairingCodeTries

@@ -44,7 +44,11 @@ public enum BoxDoctor {
         } else {
             report.fail("PAM module", "pam_boxkey.so is not in the PAM modules' folder", do: "apt install libpam-boxkey (or scripts/install)")
         }
-        let read: (String) -> String? = { try? String(contentsOfFile: "\(pamDirectory)/\($0)", encoding: .utf8) }
+        // libpam takes an include by absolute path as written, else from /etc/pam.d, then /usr/lib/pam.d.
+        let read: (String) -> String? = { name in
+            let paths = name.hasPrefix("/") ? [name] : ["\(pamDirectory)/\(name)", "/usr/lib/pam.d/\(name)"]
+            return paths.lazy.compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }.first
+        }
         var anyService = false
         // common-auth too: sudo, su, sshd and polkit include it, and a lockout there locks the admin out.
         for service in config.phoneLoginServices.sorted() + ["common-auth"] {

@@ -197,7 +197,7 @@ struct ReloadService: Service {
         // and say so only if that changed something.
         if let reloaded = try? load() {
             let (changed, _) = await box.reload(reloaded)
-            if changed { logger.notice("reloaded the configuration: it changed while the daemon started") }
+            if !changed.isEmpty { logger.notice("reloaded the configuration: it changed while the daemon started: \(changed.joined(separator: ", "))") }
         }
         for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
             var now = timespec()
@@ -205,7 +205,7 @@ struct ReloadService: Service {
             SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
             do {
                 let (changed, needRestart) = await box.reload(try load())
-                logger.notice("reloaded the configuration\(changed ? "" : ": nothing to change")")
+                logger.notice("reloaded the configuration: \(changed.isEmpty ? "nothing to change" : "changed " + changed.joined(separator: ", "))")
                 if !needRestart.isEmpty {
                     logger.warning("not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))")
                 }

@@ -87,6 +87,14 @@ public struct DaemonConfig: Sendable, Equatable {
         ("[pam] allowed_uids", { "\($0.pamAllowedUIDs)" }),
     ]
 
+    /// The settings (by their names here) whose values differ between the two.
+    public func changes(to other: DaemonConfig) -> [String] {
+        let mine = Mirror(reflecting: self).children, theirs = Mirror(reflecting: other).children
+        return zip(mine, theirs).compactMap { a, b in
+            "\(a.value)" == "\(b.value)" ? nil : a.label
+        }
+    }
+
     /// `reloaded` with the keys that need a restart kept as they are now, and the names of
     /// those keys whose value differs there.
     public func reloading(_ reloaded: DaemonConfig) -> (config: DaemonConfig, needRestart: [String]) {
@@ -116,6 +124,11 @@ public struct DaemonConfig: Sendable, Equatable {
         guard FileManager.default.fileExists(atPath: path) else {
             if missingIsError { throw Error("\(path): no such file") }
             return DaemonConfig()
+        }
+        if missingIsError, let text = try? String(contentsOfFile: path, encoding: .utf8),
+           !text.split(separator: "\n").contains(where: { let t = String($0).trimmed; return !t.hasPrefix("#") && t.contains("=") }) {
+            // Empty, or caught half-written: not "every default".
+            throw Error("\(path): no settings in the file")
         }
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
             throw Error("\(path): cannot read the file")

@@ -53,14 +53,17 @@ public enum PAMStack {
         for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
             var line = String(raw)
             if let hash = line.firstIndex(of: "#") { line = String(line[..<hash]) }
-            if line.hasSuffix("\\") { logical += line.dropLast() + " "; continue }
+            // libpam joins a line ending in \ (spaces after it too) with the next.
+            let trimmed = String(line.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
+            if trimmed.hasSuffix("\\") { logical += trimmed.dropLast() + " "; continue }
             line = logical + line
             logical = ""
-            // libpam reads type and control keywords whatever their case.
+            // libpam reads the type and a control keyword whatever their case, but the values
+            // and actions inside [...] exactly as written (an unknown one means "bad").
             var words = tokens(line)
             guard !words.isEmpty else { continue }
             words[0] = words[0].lowercased()
-            if words.count > 1 { words[1] = words[1].lowercased() }
+            if words.count > 1 { words[1] = words[1].hasPrefix("[") ? normalized(words[1]) : words[1].lowercased() }
             let first = words[0]
             if first == "@include", words.count > 1 {
                 lines += authLines(words[1], read: read, depth: depth + 1) ?? []
@@ -74,6 +77,16 @@ public enum PAMStack {
             lines.append(Line(control: words[1], module: words[2], arguments: Array(words.dropFirst(3))))
         }
         return lines
+    }
+
+    /// A [...] control with its spaces around "=" taken out and single spaces between pairs:
+    /// "[success = done  default=ignore]" is "[success=done default=ignore]".
+    static func normalized(_ control: String) -> String {
+        var inner = String(control.dropFirst().dropLast())
+        while inner.contains(" =") || inner.contains("= ") || inner.contains("  ") || inner.contains("\t") {
+            inner = inner.replacing("\t", with: " ").replacing(" =", with: "=").replacing("= ", with: "=").replacing("  ", with: " ")
+        }
+        return "[" + inner.trimmed + "]"
     }
 
     /// Words of a line; a `[...]` control is one word, spaces and all.
@@ -105,12 +118,14 @@ public enum PAMStack {
             }
             for pair in control.dropFirst().dropLast().split(separator: " ") {
                 let parts = pair.split(separator: "=", maxSplits: 1).map(String.init)
-                guard parts.count == 2 else { continue }
+                guard parts.count == 2 else { return .failsWithoutPush(control: control) }  // libpam: bad
                 let (value, action) = (parts[0], parts[1])
                 if action == "ok" || action == "ignore" { continue }
                 if value == "success" || action == "done" || Int(action) != nil { return .endsStack(control: control) }
                 return .failsWithoutPush(control: control)
             }
+            // Values not listed, and no default, mean "bad": a stack fails without a push.
+            if !control.contains("default=") { return .failsWithoutPush(control: control) }
         }
         if lines[(at + 1)...].contains(where: { $0.name == "pam_boxkey" }) { return .twice }
         if let before = lines[..<at].first(where: { verifiers.contains($0.name) }) { return .afterVerifier(before.name) }
@@ -120,7 +135,7 @@ public enum PAMStack {
         // answer_prompt: the module answers the verifier's own password question with the push.
         if boxkey.contains("answer_prompt") { return .good(verifier: verifier.name) }
         if verifier.arguments.contains("use_first_pass"), !boxkey.contains("ask_password") { return .lockout(verifier.name) }
-        let takesPush = verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" || $0 == "forward_pass" }
+        let takesPush = verifier.arguments.contains { $0 == "use_first_pass" || $0 == "try_first_pass" }
         return takesPush ? .good(verifier: verifier.name) : .verifierIgnoresPush(verifier.name)
     }
 }

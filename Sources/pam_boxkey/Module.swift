@@ -85,6 +85,14 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         return unavailableCode
     }
 
+    // A module before this one already has the password (pam_krb5 ranks above pam_boxkey in
+    // pam-auth-update): the person typed it, so waiting for a phone would only delay them.
+    var typed: UnsafeRawPointer?
+    if pam_get_item(raw, PAM_AUTHTOK, &typed) == PAM_SUCCESS, typed != nil {
+        if options.debug { pamh.log(LOG_DEBUG, "a password is already set: not waiting for a phone") }
+        return unavailableCode
+    }
+
     // A phone near the box cannot vouch for someone logging in over the network. A loopback
     // host goes to the daemon, which accepts it only when logind says the session is local.
     let remoteHost = pamh.item(PAM_RHOST) ?? ""
@@ -150,7 +158,11 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
             return PAM_SYSTEM_ERR
         }
         pamh.log(LOG_INFO, "credentials received from a phone")
-        return PAM_SUCCESS
+        // PAM_IGNORE, not PAM_SUCCESS: the module's result never counts towards the stack's.
+        // Only the verifier after it decides, whatever the control lines around it say (with
+        // success=ok, a verifier whose failure the stack ignores would have let any pushed
+        // password in).
+        return PAM_IGNORE
     } catch {
         if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
         return unavailable

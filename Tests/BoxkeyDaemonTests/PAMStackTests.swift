@@ -80,6 +80,12 @@ import Testing
         let sss = "auth [success=1 new_authtok_reqd=done default=ignore] pam_sss.so use_first_pass\nauth requisite pam_deny.so\n"
         #expect(verdict(["login": "auth [success=ok default=ignore] pam_boxkey.so timeout=30\n" + sss]) == .lockout("pam_sss"))
         #expect(verdict(["login": "auth [success=ok default=ignore] pam_boxkey.so timeout=30 ask_password\n" + sss]) == .good(verifier: "pam_sss"))
+        // The second review: spaces around "=", case inside [...], no default, a trailing "\ ".
+        #expect(verdict(["login": "auth [success = done default = ignore] pam_boxkey.so\n" + unix]) == .endsStack(control: "[success=done default=ignore]"))
+        #expect(verdict(["login": "auth [Success=ok Default=ignore] pam_boxkey.so\n" + unix]) == .failsWithoutPush(control: "[Success=ok Default=ignore]"))
+        #expect(verdict(["login": "auth [success=ok] pam_boxkey.so\n" + unix]) == .failsWithoutPush(control: "[success=ok]"))
+        let continued = PAMStack.authLines("login") { ["login": "auth [success=ok default=ignore] pam_boxkey.so \\  \n  ask_password\n" + unix][$0] }!
+        #expect(continued[0].arguments == ["ask_password"])
     }
 
     @Test func aModuleAfterThePasswordPromptIsLate() {

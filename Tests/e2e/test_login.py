@@ -341,6 +341,7 @@ def test_sighup_reloads_what_it_can_and_keeps_the_rest(world):
     code, out = world.finish(waiting)
     assert code == 0 and "Box 4821" in out and time.monotonic() - start < 10, out
     assert "not applied until boxkeyd restarts: [box] id" in world.box_output()
+    assert "reloaded the configuration: changed phoneLoginServices" in world.box_output()
     prompt = world.greeter(stdin=PASSWORD + "\n", wait=False)
     wait_for(lambda: "not offering phone login to boxkey-test" in world.box_output(), what="the refusal")
     code, out = world.finish(prompt)
@@ -354,6 +355,9 @@ def test_sighup_reloads_what_it_can_and_keeps_the_rest(world):
     os.rename(os.path.join(world.work, "boxkeyd.conf"), os.path.join(world.work, "moved.conf"))
     os.kill(pid, signal.SIGHUP)
     wait_for(lambda: "boxkeyd.conf: no such file" in world.box_output(), what="the reload of a missing file")
+    open(os.path.join(world.work, "boxkeyd.conf"), "w").close()  # empty, as if caught half-written
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: "boxkeyd.conf: no settings in the file" in world.box_output(), what="the reload of an empty file")
     assert world.box_process.poll() is None
     world.settings["pam"]["services"] = ["boxkey-test"]
     world.config()

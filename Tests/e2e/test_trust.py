@@ -281,3 +281,16 @@ def test_pending_phone_is_not_enrolled_by_a_factor_that_ignores_its_password(wor
     assert r.returncode == 2, r.stdout + r.stderr
     assert "did not confirm the pushed password" in world.box_output()
     assert not re.search(FINGERPRINT + "  alice", world.admin("phones", "list").stdout)
+
+
+def test_a_push_never_counts_as_success_even_where_the_verifiers_failure_is_ignored(world):
+    """The module's result is PAM_IGNORE after a push: in a stack whose verifier can fail
+    without failing the stack (sufficient as the last line, or a jump with no pam_deny after
+    it), a wrong pushed password must still not log in."""
+    world.start_box()
+    world.pair_and_store(password="a wrong guess")
+    prompt = world.greeter(auth=[world.module_line(), world.matrix_line("sufficient")])
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(prompt)
+    assert code != 0 and "successfully authenticated" not in out, out
+    assert r.returncode == 2, r.stdout + r.stderr
