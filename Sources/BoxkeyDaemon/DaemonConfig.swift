@@ -72,19 +72,32 @@ public struct DaemonConfig: Sendable, Equatable {
 
     public init() {}
 
+    /// A key that SIGHUP cannot change: its name, and how to compare and keep its value.
+    struct RestartOnlyKey: Sendable {
+        let name: String
+        let differs: @Sendable (DaemonConfig, DaemonConfig) -> Bool
+        let keep: @Sendable (inout DaemonConfig, DaemonConfig) -> Void
+
+        init<T: Equatable & Sendable>(_ name: String, _ path: WritableKeyPath<DaemonConfig, T> & Sendable) {
+            self.name = name
+            differs = { $0[keyPath: path] != $1[keyPath: path] }
+            keep = { $0[keyPath: path] = $1[keyPath: path] }
+        }
+    }
+
     /// What SIGHUP cannot change: the box's identity and files, the radio, and the PAM socket
-    /// (created, and handed to `allowed_uids`, at start). Each entry: the key, and its value.
-    static let restartOnly: [(key: String, value: @Sendable (DaemonConfig) -> String)] = [
-        ("[box] id", { $0.boxID?.description ?? "" }),
-        ("[box] state_directory", { $0.stateDirectory }),
-        ("[radio] backend", { $0.radio.rawValue }),
-        ("[radio] adapter", { $0.adapter }),
-        ("[radio] advertising_interval_ms", { "\($0.advertisingInterval)" }),
-        ("[radio] nonce_rotation_s", { "\($0.nonceRotation)" }),
-        ("[radio] sim_directory", { $0.simDirectory }),
-        ("[radio] sim_position", { "\($0.simPosition)" }),
-        ("[pam] socket", { $0.pamSocket }),
-        ("[pam] allowed_uids", { "\($0.pamAllowedUIDs)" }),
+    /// (created, and handed to `allowed_uids`, at start).
+    static let restartOnly: [RestartOnlyKey] = [
+        .init("[box] id", \.boxID),
+        .init("[box] state_directory", \.stateDirectory),
+        .init("[radio] backend", \.radio),
+        .init("[radio] adapter", \.adapter),
+        .init("[radio] advertising_interval_ms", \.advertisingInterval),
+        .init("[radio] nonce_rotation_s", \.nonceRotation),
+        .init("[radio] sim_directory", \.simDirectory),
+        .init("[radio] sim_position", \.simPosition),
+        .init("[pam] socket", \.pamSocket),
+        .init("[pam] allowed_uids", \.pamAllowedUIDs),
     ]
 
     /// The settings (by their names here) whose values differ between the two.
@@ -99,18 +112,8 @@ public struct DaemonConfig: Sendable, Equatable {
     /// those keys whose value differs there.
     public func reloading(_ reloaded: DaemonConfig) -> (config: DaemonConfig, needRestart: [String]) {
         var next = reloaded
-        next.boxID = boxID
-        next.stateDirectory = stateDirectory
-        next.radio = radio
-        next.adapter = adapter
-        next.advertisingInterval = advertisingInterval
-        next.nonceRotation = nonceRotation
-        next.simDirectory = simDirectory
-        next.simPosition = simPosition
-        next.pamSocket = pamSocket
-        next.pamAllowedUIDs = pamAllowedUIDs
-        let changed = Self.restartOnly.filter { $0.value(self) != $0.value(reloaded) }.map(\.key)
-        return (next, changed)
+        for key in Self.restartOnly { key.keep(&next, self) }
+        return (next, Self.restartOnly.filter { $0.differs(self, reloaded) }.map(\.name))
     }
 
     public struct Error: Swift.Error, CustomStringConvertible, Equatable {

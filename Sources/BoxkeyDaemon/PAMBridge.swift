@@ -27,7 +27,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
     }
 
     public func run() async throws {
-        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+        let directory = path.parentDirectory
         if !FileManager.default.fileExists(atPath: directory) {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         }

@@ -82,11 +82,8 @@ public enum PAMStack {
     /// A [...] control with its spaces around "=" taken out and single spaces between pairs:
     /// "[success = done  default=ignore]" is "[success=done default=ignore]".
     static func normalized(_ control: String) -> String {
-        var inner = String(control.dropFirst().dropLast())
-        while inner.contains(" =") || inner.contains("= ") || inner.contains("  ") || inner.contains("\t") {
-            inner = inner.replacing("\t", with: " ").replacing(" =", with: "=").replacing("= ", with: "=").replacing("  ", with: " ")
-        }
-        return "[" + inner.trimmed + "]"
+        let singleSpaced = control.dropFirst().dropLast().split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        return "[" + singleSpaced.replacing(" =", with: "=").replacing("= ", with: "=") + "]"
     }
 
     /// Words of a line; a `[...]` control is one word, spaces and all.

@@ -18,6 +18,12 @@ public enum Console {
 }
 
 extension String {
+    /// The folder part of a path ("." for a bare name), as NSString's deletingLastPathComponent.
+    public var parentDirectory: String {
+        guard let slash = lastIndex(of: "/") else { return "." }
+        return slash == startIndex ? "/" : String(self[..<slash])
+    }
+
     /// Without leading and trailing white space (Foundation's trimmingCharacters(in: .whitespaces)).
     public var trimmed: String {
         String(drop { $0.isWhitespace }.reversed().drop { $0.isWhitespace }.reversed())

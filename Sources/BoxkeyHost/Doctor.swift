@@ -32,6 +32,14 @@ public struct DoctorReport: Sendable, Encodable {
 
     public var failed: Bool { findings.contains { $0.level == .failed } }
 
+    /// What a doctor command prints: the report as text, or as a JSON object.
+    public func output(json: Bool) -> String {
+        guard json else { return text }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        return String(decoding: (try? encoder.encode(self)) ?? Data(), as: UTF8.self)
+    }
+
     /// For people: "ok", "warning" or "FAILED", the check, what was found, and on the next
     /// line what to do.
     public var text: String {

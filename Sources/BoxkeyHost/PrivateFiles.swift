@@ -81,8 +81,7 @@ public enum PrivateFiles {
 
     /// The rename is durable only once the directory entry is (rename(2), fsync(2)).
     private static func syncDirectory(of path: String) {
-        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
-        let fd = open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let fd = open(path.parentDirectory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return }
         fsync(fd)
         close(fd)

@@ -146,7 +146,7 @@ public struct Vault {
     /// a lock file can be unlinked between two attempts, and each would then hold a lock of
     /// its own (an attacker's review lost counts that way).
     private func lock() throws -> Int32 {
-        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+        let directory = path.parentDirectory
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw Failure.attemptNotRecorded("cannot open \(directory): \(String(cString: strerror(errno)))") }
         // Bounded: a stopped or hung process holding the lock must not hang this one (the

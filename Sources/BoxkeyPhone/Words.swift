@@ -1,4 +1,5 @@
 import BoxkeyL10n
 
-/// What boxkey says, in the reader's language (po/boxkey/). The CLI sets the locale.
-let tr = Translator(domain: "boxkey")
+/// What boxkey says, in the reader's language (po/boxkey/): this library and the CLI. The CLI
+/// sets the locale.
+public let tr = Translator(domain: "boxkey")

@@ -13,13 +13,7 @@ extension Boxkey {
 
         func run() async throws {
             let report = await PhoneDoctor.run(radio: radio.radio, adapter: radio.adapter)
-            if json {
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                print(String(decoding: try encoder.encode(report), as: UTF8.self))
-            } else {
-                print(report.text)
-            }
+            print(report.output(json: json))
             if report.failed { throw ExitCode(1) }
         }
     }

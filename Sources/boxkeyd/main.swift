@@ -126,13 +126,7 @@ extension Boxkeyd {
             do { config = try DaemonConfig.load(path: options.config) } catch { problem = "\(error)" }
             if let socket = options.socket { config.pamSocket = socket }
             let report = await BoxDoctor.run(config: config, configProblem: problem, configPath: options.config)
-            if json {
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                print(String(decoding: try encoder.encode(report), as: UTF8.self))
-            } else {
-                print(report.text)
-            }
+            print(report.output(json: json))
             if report.failed { throw ExitCode(1) }
         }
     }

@@ -76,7 +76,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     let unavailableCode = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
     for arg in options.unknown { pamh.log(LOG_ERR, "unknown option \(arg)") }
     /// No push used: step aside, having asked for the password when told to (ask_password).
-    var unavailable: Int32 {
+    func stepAside() -> Int32 {
         if options.askPassword {
             var token: UnsafePointer<CChar>?
             let rc = pam_get_authtok(raw, PAM_AUTHTOK, &token, nil)
@@ -98,7 +98,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     let remoteHost = pamh.item(PAM_RHOST) ?? ""
     if !remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(remoteHost) {
         if options.debug { pamh.log(LOG_DEBUG, "remote session from \(remoteHost): not offering phone login") }
-        return unavailable
+        return stepAside()
     }
 
     let client: PAMSocketClient
@@ -106,7 +106,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         client = try PAMSocketClient(path: options.socket)
     } catch {
         if options.debug { pamh.log(LOG_DEBUG, "boxkeyd is not running (\(options.socket)): \(error)") }
-        return unavailable
+        return stepAside()
     }
 
     do {
@@ -126,16 +126,16 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
             }
         case .notOffered(let why):
             if options.debug { pamh.log(LOG_DEBUG, "phone login not offered: \(why)") }
-            return unavailable
+            return stepAside()
         default:
-            return unavailable
+            return stepAside()
         }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
         let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
         guard case .push(let user, let password, let ticket) = reply else {
             if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
             try? client.send(.cancel)
-            return unavailable
+            return stepAside()
         }
         // Wipe the one buffer `reply` and `password` share, in place: a plain write would copy
         // it first (copy on write) and wipe only the copy.
@@ -143,7 +143,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         if !expected.isEmpty, expected != user {
             pamh.log(LOG_NOTICE, "refusing a push for another user: this prompt is for \(expected)")
             try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
-            return unavailable
+            return stepAside()
         }
         guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS, pamh.setItem(PAM_AUTHTOK, password) == PAM_SUCCESS else {
             try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
@@ -165,7 +165,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         return PAM_IGNORE
     } catch {
         if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
-        return unavailable
+        return stepAside()
     }
 }
 
