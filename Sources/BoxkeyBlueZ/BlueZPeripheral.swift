@@ -133,7 +133,7 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     }
 
     private func readValue(_ uuid: String, _ call: DBusMessage) -> DBusReply {
-        guard let value = state.withLockedValue({ $0.service?.characteristic(uuid)?.value }) else {
+        guard let c = state.withLockedValue({ $0.service?.characteristic(uuid) }), c.properties.contains(.read), let value = c.value else {
             return .error(BusError("org.bluez.Error.NotPermitted", "not readable"))
         }
         let offset = call.arguments.first?.vardict?["offset"]?.int ?? 0
@@ -148,6 +148,12 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
         }
         guard let device = options["device"]?.string else {
             return .error(BusError("org.bluez.Error.InvalidArguments", "no device option"))
+        }
+        // bluetoothd checks an attribute's permissions only when it has some: a notify-only
+        // characteristic has none, so a write to it reaches us and is refused here (ATT error
+        // Write Not Permitted).
+        guard let c = state.withLockedValue({ $0.service?.characteristic(uuid) }), !c.properties.isDisjoint(with: [.write, .writeWithoutResponse]) else {
+            return .error(BusError("org.bluez.Error.NotPermitted", "not writable"))
         }
         let mtu = options["mtu"]?.int ?? 23
         var pending: [PeripheralEvent] = []

@@ -99,6 +99,10 @@ public actor Box {
         var reassembler = FrameReassembler()
         var connection: BoxConnection
         var subscribed = false
+        /// The box has hung up: writes already queued behind the decision are discarded, not
+        /// processed (a flood would otherwise be counted and logged once per queued write).
+        var dropped = false
+        var mtuLogged = false
         var prompt: UInt64?
         /// The code this link's pairing handshake was answered under.
         var pairingCode: Enrolment.LiveCode?
@@ -220,15 +224,18 @@ public actor Box {
             links[id] = PhoneLink(id: id, mtu: mtu, connectedAt: now, connection: BoxConnection(
                 identity: identity.keyPair, boxID: identity.boxID, connectedAt: now,
                 handshakeTimeout: config.handshakeTimeout, commandTimeout: config.commandTimeout))
-            logger.debug("connected \(id), MTU \(mtu)")
+            // BlueZ tells the MTU with the first write, not at connect: it is logged then.
+            logger.debug("connected \(id)")
             wakeTimers()
         case .subscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = true }
         case .unsubscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = false }
         case .wrote(let id, let characteristic, let value, let mtu):
-            guard characteristic == BoxkeyProtocol.requestCharacteristicUUID, links[id] != nil else { return }
+            guard characteristic == BoxkeyProtocol.requestCharacteristicUUID, let link = links[id], !link.dropped else { return }
+            if !link.mtuLogged || link.mtu != mtu { logger.debug("\(id): ATT MTU \(mtu)") }
             links[id]!.mtu = mtu
+            links[id]!.mtuLogged = true
             receive(fragment: value, from: id, mtu: mtu, now: now)
         case .disconnected(let id, let reason):
             linkEnded(id, reason: reason, now: now)
@@ -237,6 +244,8 @@ public actor Box {
 
     private func receive(fragment: [UInt8], from id: CentralID, mtu: Int, now: Duration) {
         let message: [UInt8]?
+        let wasIdle = links[id]!.reassembler.isIdle
+        let hadChannel = links[id]!.reassembler.channel != nil
         do {
             message = try links[id]!.reassembler.receive(fragment, mtu: mtu, now: now)
         } catch {
@@ -247,6 +256,16 @@ public actor Box {
             drop(id)
             return
         }
+        if !hadChannel, let channel = links[id]!.reassembler.channel,
+           links.contains(where: { $0.key != id && !$0.value.dropped && $0.value.reassembler.channel == channel }) {
+            // Anything sent on this channel would reach the other phone too: hang up without a word.
+            audit.audit(.notice, .connectionRefused, "dropped \(id.address): channel \(channel) is another connection's")
+            failedHandshakes.record(id.address, now: now)
+            drop(id)
+            return
+        }
+        // A message started: the timer loop must learn its reassembly deadline.
+        if wasIdle, !links[id]!.reassembler.isIdle { wakeTimers() }
         guard let message else { return }
         var connection = links[id]!.connection
         let code = enrolment.current(now: now)
@@ -323,19 +342,20 @@ public actor Box {
     }
 
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
-        guard let link = links[id], !envelopes.isEmpty else { return }
+        guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel else { return }
         guard link.subscribed else {
             logger.notice("\(id.address) did not subscribe to responses; dropping it")
             drop(id)
             return
         }
         for envelope in envelopes {
-            guard let fragments = try? Framing.fragment(envelope, mtu: link.mtu) else { continue }
+            guard let fragments = try? Framing.fragment(envelope, mtu: link.mtu, channel: channel) else { continue }
             outboxContinuation.yield(.notify(id, fragments: fragments))
         }
     }
 
     private func drop(_ id: CentralID) {
+        links[id]?.dropped = true
         outboxContinuation.yield(.disconnect(id))
     }
 
@@ -846,7 +866,7 @@ public actor Box {
         defer { ticking = false }
         let now = clock.now
         for id in Array(links.keys) {
-            guard var link = links[id] else { continue }
+            guard var link = links[id], !link.dropped else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
                 audit.audit(.notice, .connectionRefused, "dropped \(id.address): stalled mid-message")
                 drop(id)
@@ -883,9 +903,9 @@ public actor Box {
     /// The earliest time anything needs attention, or nil when the box is idle.
     public func nextDeadline() -> Duration? {
         var deadlines: [Duration] = []
-        for link in links.values {
+        for link in links.values where !link.dropped {
             if let d = link.connection.nextDeadline { deadlines.append(d) }
-            if !link.reassembler.isIdle { deadlines.append(clock.now + .milliseconds(500)) }
+            if let d = link.reassembler.deadline { deadlines.append(d) }
         }
         deadlines += prompts.prompts.values.map(\.deadline)
         deadlines += graces.values.map(\.deadline)

@@ -15,6 +15,12 @@ public struct RateLimiter<Key: Hashable & Sendable>: Sendable {
         return (events[key]?.count ?? 0) >= limit
     }
 
+    /// Events for `key` within the window.
+    public mutating func count(_ key: Key, now: Duration) -> Int {
+        prune(key, now: now)
+        return events[key]?.count ?? 0
+    }
+
     public mutating func record(_ key: Key, now: Duration) {
         prune(key, now: now)
         events[key, default: []].append(now)

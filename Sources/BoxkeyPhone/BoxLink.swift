@@ -29,7 +29,10 @@ public actor BoxLink {
 
     let link: any CentralLink
     private var connection: PhoneConnection
-    private var reassembler = FrameReassembler()
+    /// This connection's channel: the box answers on it, and other phones' notifications
+    /// (BlueZ sends them to every subscribed central) are passed over.
+    private let channel: FrameChannel
+    private var reassembler: FrameReassembler
     private let inbox = Inbox<LinkEvent>()
     private let reader: Task<Void, Never>
     private let clock = MonotonicClock()
@@ -105,6 +108,8 @@ public actor BoxLink {
         self.link = link
         self.connection = connection
         self.mtu = mtu
+        channel = FrameChannel.random()
+        reassembler = FrameReassembler(channel: channel)
         let inbox = inbox
         let events = link.events
         // Link events are read by this one task for the link's life, so a caller's timeout
@@ -169,7 +174,7 @@ public actor BoxLink {
     /// Fragments are Write Commands, the last one a Write Request: the phone learns it arrived.
     private func write(_ envelope: [UInt8]) async throws {
         do {
-            let fragments = try Framing.fragment(envelope, mtu: mtu)
+            let fragments = try Framing.fragment(envelope, mtu: mtu, channel: channel)
             for (i, f) in fragments.enumerated() {
                 try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: i == fragments.count - 1)
             }

@@ -148,3 +148,18 @@ public struct CentralID: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String { "\(address)#\(connection)" }
 }
+
+/// What one ATT PDU carries at an MTU (Core spec Vol 3 Part F): the radios enforce these, and
+/// the simulated one models BlueZ's choice of PDU for notifications.
+public enum ATTLimits {
+    /// Longest attribute value, whatever the MTU.
+    public static let maximumValue = 512
+
+    /// A Write Request or Write Command: opcode and handle leave MTU - 3.
+    public static func writeValue(mtu: Int) -> Int { min(mtu - 3, maximumValue) }
+
+    /// A notification as BlueZ 5.62+ sends it to a client that supports Multiple Handle Value
+    /// Notifications (every BlueZ client does): handle and length per value leave MTU - 5, and
+    /// BlueZ silently cuts a longer value.
+    public static func notificationValue(mtu: Int) -> Int { min(mtu - 5, maximumValue) }
+}

@@ -85,6 +85,10 @@ public final class SimulatedAir: Sendable {
         state.withLockedValue { $0.remoteCentrals[id.connection] }
     }
 
+    func remoteCentrals() -> [any RemoteCentral] {
+        state.withLockedValue { Array($0.remoteCentrals.values) }
+    }
+
     /// Ends radio contact on every link of `address` now, as interference or a dead battery
     /// would: both sides notice after the supervision timeout.
     public func dropLinks(of address: DeviceAddress) {
@@ -214,6 +218,8 @@ struct PeripheralState {
 /// A central in another process connected to a local peripheral (`SocketAir`).
 protocol RemoteCentral: Sendable {
     var id: CentralID { get }
+    /// The local peripheral it is connected to.
+    var peripheral: DeviceAddress { get }
     var mtu: Int { get }
     var downReason: DisconnectReason? { get }
     func isSubscribed(_ characteristic: String) -> Bool

@@ -153,7 +153,8 @@ public final class SimulatedLink: CentralLink {
             throw RadioError.notPermitted((withResponse ? "write" : "write-without-response") + " on \(c.uuid)")
         }
         let mtu = link.mtu
-        guard value.count <= mtu - 3 else { throw RadioError.invalidLength(length: value.count, limit: mtu - 3) }
+        let limit = ATTLimits.writeValue(mtu: mtu)
+        guard value.count <= limit else { throw RadioError.invalidLength(length: value.count, limit: limit) }
         let event = PeripheralEvent.wrote(link.centralID, characteristic: c.uuid, value: value, mtu: mtu)
         let p = air.parameters
         if withResponse {

@@ -33,29 +33,42 @@ public final class SimulatedPeripheral: PeripheralRadio {
         air.signalChange()
     }
 
+    /// Notifies `central`, and, as BlueZ does, every other central subscribed to the
+    /// characteristic. A value longer than a link carries in a notification (BlueZ's Multiple
+    /// Handle Value Notification: MTU - 5, at most 512) is refused for the target and cut
+    /// short for the others, as BlueZ cuts it.
     public func notify(_ central: CentralID, characteristic: String, value: [UInt8]) async throws {
         let t = air.issueTime(address)
-        if let remote = air.remoteCentral(central) {
-            if let reason = remote.downReason { throw RadioError.disconnected(reason) }
-            let uuid = characteristic.lowercased()
-            let service = air.state.withLockedValue { $0.peripherals[address]?.service }
-            guard let c = service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid) }
-            guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
-            guard remote.isSubscribed(uuid) else { throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)") }
-            guard value.count <= remote.mtu - 3 else { throw RadioError.invalidLength(length: value.count, limit: remote.mtu - 3) }
+        let uuid = characteristic.lowercased()
+        guard let c = air.state.withLockedValue({ $0.peripherals[address]?.service })?.characteristic(uuid) else {
+            throw RadioError.characteristicNotFound(uuid)
+        }
+        guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
+        let remote = air.remoteCentral(central)
+        let link = remote == nil ? air.link(for: central) : nil
+        if remote == nil, link?.peripheral != address { throw RadioError.notConnected }
+        if let reason = remote?.downReason ?? link?.downReason(at: t) { throw RadioError.disconnected(reason) }
+        guard remote?.isSubscribed(uuid) ?? link!.isSubscribed(uuid) else {
+            throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)")
+        }
+        let limit = ATTLimits.notificationValue(mtu: remote?.mtu ?? link!.mtu)
+        guard value.count <= limit else { throw RadioError.invalidLength(length: value.count, limit: limit) }
+
+        for other in air.remoteCentrals() where other.peripheral == address && other.id != central && other.downReason == nil && other.isSubscribed(uuid) {
+            other.notify(characteristic: uuid, value: Array(value.prefix(ATTLimits.notificationValue(mtu: other.mtu))), issuedAt: t)
+        }
+        for other in air.links(of: address) where other.peripheral == address && other.centralID != central
+            && other.downReason(at: t) == nil && other.isSubscribed(uuid) {
+            let cut = Array(value.prefix(ATTLimits.notificationValue(mtu: other.mtu)))
+            _ = other.sendToCentral(packets: air.parameters.packets(forValueLength: cut.count), valueBytes: cut.count,
+                                    issuedAt: t, event: .notification(characteristic: uuid, value: cut), air: air)
+        }
+        if let remote {
             remote.notify(characteristic: uuid, value: value, issuedAt: t)
             return
         }
-        guard let link = air.link(for: central), link.peripheral == address else { throw RadioError.notConnected }
-        if let reason = link.downReason(at: t) { throw RadioError.disconnected(reason) }
-        let uuid = characteristic.lowercased()
-        guard let c = link.service?.characteristic(uuid) else { throw RadioError.characteristicNotFound(uuid) }
-        guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(uuid)") }
-        guard link.isSubscribed(uuid) else { throw RadioError.notPermitted("central \(central) has not subscribed to \(uuid)") }
-        let limit = link.mtu - 3
-        guard value.count <= limit else { throw RadioError.invalidLength(length: value.count, limit: limit) }
-        let placement = link.sendToCentral(packets: air.parameters.packets(forValueLength: value.count), valueBytes: value.count,
-                                           issuedAt: t, event: .notification(characteristic: uuid, value: value), air: air)
+        let placement = link!.sendToCentral(packets: air.parameters.packets(forValueLength: value.count), valueBytes: value.count,
+                                            issuedAt: t, event: .notification(characteristic: uuid, value: value), air: air)
         try await air.finish(address, at: placement.acceptedAt)
     }
 

@@ -217,7 +217,7 @@ public final class SocketAir: Sendable {
             case .hello(let central, let trajectory):
                 guard remote == nil, let centralAddress = DeviceAddress(central) else { connection.close(); return }
                 let id = CentralID(address: centralAddress, connection: air.nextConnectionID())
-                let r = SocketRemoteCentral(id: id, connection: connection, trajectory: trajectory, mailbox: mailbox, parameters: air.parameters)
+                let r = SocketRemoteCentral(id: id, peripheral: address, connection: connection, trajectory: trajectory, mailbox: mailbox, parameters: air.parameters)
                 air.state.withLockedValue { $0.remoteCentrals[id.connection] = r }
                 remote = r
             case .event(let wire, let time, let waits, let tag):
@@ -290,6 +290,7 @@ final class SocketPeripheralSink: PeripheralSink {
 /// The peripheral's process: a central in another process.
 final class SocketRemoteCentral: RemoteCentral {
     let id: CentralID
+    let peripheral: DeviceAddress
     let connection: FrameConnection
     let mailbox: TimedMailbox<PeripheralEvent>
     let pathLoss: PathLoss
@@ -302,8 +303,9 @@ final class SocketRemoteCentral: RemoteCentral {
     }
     private let state: NIOLockedValueBox<State>
 
-    init(id: CentralID, connection: FrameConnection, trajectory: Trajectory, mailbox: TimedMailbox<PeripheralEvent>, parameters: SimulationParameters) {
+    init(id: CentralID, peripheral: DeviceAddress, connection: FrameConnection, trajectory: Trajectory, mailbox: TimedMailbox<PeripheralEvent>, parameters: SimulationParameters) {
         self.id = id
+        self.peripheral = peripheral
         self.connection = connection
         self.mailbox = mailbox
         self.pathLoss = PathLoss(parameters)

@@ -184,12 +184,12 @@ import Testing
         var m1 = try x.phone.start()
         m1[0] = 9
         let (out, _) = x.toBox(m1)
-        #expect(out.replies == [[2, 4, 1, 2, 2]])
+        #expect(out.replies == [[3, 4, 1, 3, 3]])
     }
 
     @Test func garbageBeforeHandshakeIsRefusedAsMalformed() {
         var x = Exchange()
-        let (out, _) = x.toBox([2, 3] + [UInt8](repeating: 0, count: 40))
+        let (out, _) = x.toBox([3, 3] + [UInt8](repeating: 0, count: 40))
         guard case .close(.refused(.malformed)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
     }
 
@@ -240,8 +240,8 @@ import Testing
         let result = x.box.finishLogin(LoginResult(.accepted)).replies[0]
         let sizes = [m1.count, out.replies[0].count, push.count, result.count]
         #expect(sizes == [100, 50, 46, 21])
-        #expect(sizes.map { Framing.fragmentCount(messageLength: $0, mtu: 23) } == [6, 3, 3, 2])
+        #expect(sizes.map { Framing.fragmentCount(messageLength: $0, mtu: 23) } == [8, 4, 4, 2])
         let largest = Envelope.headerLength + CredentialPush.maxEncodedLength + NoiseIK.transportOverhead
-        #expect(largest == 695 && Framing.fragmentCount(messageLength: largest, mtu: 23) == 37)
+        #expect(largest == 695 && Framing.fragmentCount(messageLength: largest, mtu: 23) == 54)
     }
 }

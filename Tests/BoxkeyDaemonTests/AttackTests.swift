@@ -17,20 +17,22 @@ import Testing
     struct RawPhone {
         let link: any CentralLink
         var events: AsyncStream<LinkEvent>.Iterator
-        var reassembler = FrameReassembler()
+        var channel = FrameChannel.random()
+        var reassembler: FrameReassembler
 
         static func connect(_ h: BoxHarness, _ n: UInt8) async throws -> RawPhone {
             let (_, central) = await h.phone(n)
             let link = try await central.connect(to: AttackTests.box, timeout: .seconds(5))
             try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
-            return RawPhone(link: link, events: link.events.makeAsyncIterator())
+            let channel = FrameChannel.random()
+            return RawPhone(link: link, events: link.events.makeAsyncIterator(), channel: channel, reassembler: FrameReassembler(channel: channel))
         }
 
         func write(_ fragments: [[UInt8]]) async throws {
             for f in fragments { try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: false) }
         }
 
-        func send(_ envelope: [UInt8]) async throws { try await write(try Framing.fragment(envelope, mtu: 23)) }
+        func send(_ envelope: [UInt8]) async throws { try await write(try Framing.fragment(envelope, mtu: 23, channel: channel)) }
 
         /// The next envelope from the box, or nil when the box disconnects.
         mutating func receive() async -> [UInt8]? {
@@ -124,26 +126,73 @@ import Testing
     }
 
     @Test(arguments: [
-        ("truncated: a new message before the last ended", [[0, 0, 100] + [UInt8](repeating: 1, count: 17), [0, 0, 10, 1, 2, 3]]),
-        ("oversize declared length", [[0, 0x10, 0x00] + [UInt8](repeating: 1, count: 17)]),
-        ("duplicate fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 17), [1] + [UInt8](repeating: 1, count: 19), [1] + [UInt8](repeating: 1, count: 19)]),
-        ("out of order", [[0, 0, 60] + [UInt8](repeating: 1, count: 17), [2] + [UInt8](repeating: 1, count: 19)]),
+        // After the channel (which the test adds): index, length, data.
+        ("truncated: a new message before the last ended", [[0, 0, 100] + [UInt8](repeating: 1, count: 13), [0, 0, 10, 1, 2, 3]]),
+        ("oversize declared length", [[0, 0x10, 0x00] + [UInt8](repeating: 1, count: 13)]),
+        ("oversize fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 14)]),
+        ("duplicate fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [1] + [UInt8](repeating: 1, count: 15), [1] + [UInt8](repeating: 1, count: 15)]),
+        ("out of order", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [2] + [UInt8](repeating: 1, count: 15)]),
         ("continuation first", [[3, 1, 2, 3]]),
         ("reserved index", [[0x80, 1]]),
-        ("empty fragment", [[]]),
+        ("channel only", [[]]),
         ("garbage envelope", [[0, 0, 5, 7, 7, 7, 7, 7]]),
     ])
     func malformedFramesAreRefusedAndTheBoxKeepsServing(_ attack: (String, [[UInt8]])) async throws {
         let h = try BoxHarness()
         try await h.run {
             var raw = try await RawPhone.connect(h, 0x40)
-            try? await raw.write(attack.1)
+            try? await raw.write(attack.1.map { raw.channel.bytes + $0 })
             // The box answers a broken phone with a refusal (or nothing) and disconnects it.
             if let answer = await raw.receive() {
                 guard case .refusal = try Envelope.decode(answer) else { Issue.record("\(attack.0): \(answer)"); return }
                 #expect(await raw.expectDisconnect())
             }
             try await honestLogin(h)
+        }
+    }
+
+    /// Notifications reach every subscribed phone, tagged with the connection's channel. A
+    /// phone that copies another connection's channel (seen on the air) is hung up on without a
+    /// word: anything the box said on that channel would reach the other phone.
+    @Test func anotherConnectionsChannelIsRefusedSilently() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let key = h.box.identity.keyPair.publicKey
+            var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
+            var a = try await RawPhone.connect(h, 0x60)
+            var copycat = try await RawPhone.connect(h, 0x61)
+            copycat.channel = a.channel
+            copycat.reassembler = FrameReassembler(channel: a.channel)
+            var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await advert(h))
+            let first = try honest.start()
+            try await a.send(first)
+            try await copycat.send(try mallory.start())
+            // The honest phone's answer arrives (the copycat hears it too: that is the air).
+            let answer = try #require(await a.receive())
+            _ = try honest.receive(answer)
+            // The copycat gets nothing of its own: the box only hangs up.
+            var heard: [[UInt8]] = []
+            while let m = await copycat.receive() { heard.append(m) }
+            #expect(heard.allSatisfy { $0 == answer })
+            try await honestLogin(h)
+        }
+    }
+
+    /// A message that stops mid-way on an open channel is dropped at the documented 5 s, not
+    /// at the next deadline the timer loop happened to know (the 10 s command timeout).
+    @Test func aStalledMessageIsDroppedAfterFiveSeconds() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var raw = try await RawPhone.connect(h, 0x62)
+            try await raw.send(try phone.start())
+            _ = try phone.receive(try #require(await raw.receive()))
+            let sealed = try phone.sealRawForTest([UInt8](repeating: 0x7e, count: 200))
+            let start = ContinuousClock.now
+            try await raw.write([try Framing.fragment(sealed, mtu: 23, channel: raw.channel)[0]])
+            #expect(await raw.receive() == nil)
+            let waited = ContinuousClock.now - start
+            #expect(waited >= .milliseconds(4900) && waited < .milliseconds(6500), "dropped after \(waited)")
         }
     }
 

@@ -31,6 +31,10 @@ final class RecordedSessions: SessionControl {
 let testUsers: @Sendable (String) -> UInt32? = { ["alice": 1000, "mallory": 1001, "bob": 1002][$0] }
 let testPeer = PAMPeer(pid: 4242, uid: 0)
 
+extension Box {
+    func failedHandshakeCount(_ address: DeviceAddress) -> Int { failedHandshakes.count(address, now: clock.now) }
+}
+
 /// The real Box and RadioService on the in-process simulated air, in real time.
 struct BoxHarness {
     let air = SimulatedAir(clock: MonotonicClock(), pacing: .realTime)
@@ -74,16 +78,16 @@ struct BoxHarness {
     /// An honest phone logs in through a waiting prompt: proof that the box still serves.
     /// Returns the link, which stays the presence link unless closed.
     @discardableResult
-    func honestLogin(_ n: UInt8 = 0x01, keep: Bool = false) async throws -> BoxLink? {
-        let (identity, central) = await phone(n, enrolledFor: "alice")
+    func honestLogin(_ n: UInt8 = 0x01, user: String = "alice", keep: Bool = false) async throws -> BoxLink? {
+        let (identity, central) = await phone(n, enrolledFor: user)
         let key = box.identity.keyPair.publicKey
-        let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)")
+        let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)", user: user == "alice" ? "" : user)
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
         async let reply = box.awaitPush(prompt)
-        try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "honest")))
-        guard let user = await reply.pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
-        #expect(user == "alice")
+        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: "pw"), deviceName: "honest")))
+        guard let pushed = await reply.pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
+        #expect(pushed == user)
         await box.report(prompt, .accepted, reason: "")
         guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no login result"); return nil }
         #expect(result.outcome == .accepted)
@@ -124,6 +128,36 @@ struct BoxHarness {
 
             // Another phone, meanwhile, logs in.
             try await h.honestLogin()
+        }
+    }
+
+    /// BlueZ (and the model of it) sends every notification to every subscribed phone: two
+    /// phones logging in at once each get their own answers, rounds after rounds.
+    @Test func twoPhonesLoggingInAtOnceEachGetTheirOwnAnswers() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            for round in 0..<3 {
+                async let a: BoxLink? = h.honestLogin(UInt8(0x10 + round), user: "alice")
+                async let b: BoxLink? = h.honestLogin(UInt8(0x20 + round), user: "bob")
+                _ = try await (a, b)
+            }
+        }
+    }
+
+    /// A phone that floods the box with garbage is dropped at its first bad fragment; the
+    /// writes already queued behind it are discarded, not each counted as another failure.
+    @Test func aFloodIsCountedOnceNotOncePerQueuedWrite() async throws {
+        let h = try BoxHarness { $0.failedHandshakesPerMinute = 3 }
+        try await h.run {
+            let (_, attacker) = await h.phone(0x66)
+            let link = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+            for _ in 0..<40 { try? await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: [1, 2, 3, 4, 3, 0, 0], withResponse: false) }
+            var events = link.events.makeAsyncIterator()
+            while let e = await events.next() { if case .disconnected = e { break } }
+            #expect(await h.box.failedHandshakeCount(DeviceAddress("00:50:48:00:00:66")!) == 1)
+            // The same address is still welcome: an honest phone there logs in.
+            try await h.honestLogin(0x66)
         }
     }
 

@@ -93,6 +93,16 @@ import Testing
         }
     }
 
+    /// The Response characteristic only notifies: a write to it gets an ATT error, not success.
+    @Test(arguments: Backend.allCases)
+    func writeToANotifyOnlyCharacteristicIsRefused(_ backend: Backend) async throws {
+        try await withRadioPair(backend) { pair in
+            _ = try await pair.link.discover(service: TestService.service)
+            await #expect(throws: RadioError.self) { try await pair.link.write(TestService.response, value: [1, 2], withResponse: true) }
+            try await pair.link.write(TestService.request, value: [3], withResponse: true)
+        }
+    }
+
     @Test(arguments: Backend.allCases)
     func scanSeesTheAdvertisement(_ backend: Backend) async throws {
         try await withRadioPair(backend) { pair in

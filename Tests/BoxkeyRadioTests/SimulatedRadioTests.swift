@@ -57,6 +57,36 @@ import Testing
         #expect(d2.timestamp - d1.timestamp >= .milliseconds(90) && d2.timestamp - d1.timestamp <= .milliseconds(110))
     }
 
+    /// BlueZ sends a characteristic's notification to every subscribed central, and carries at
+    /// most MTU - 5 bytes of it (Multiple Handle Value Notification); the model does the same.
+    @Test func notificationsReachEverySubscriberAndFitMTUMinus5() async throws {
+        let (_, air, peripheral, central) = try await world()
+        let other = air.central(DeviceAddress("00:00:5E:00:53:99")!, at: 2)
+        var centrals: [CentralID] = []
+        var links: [any CentralLink] = []
+        for c in [central, other] {
+            let link = try await c.connect(to: boxAddress, timeout: .seconds(5))
+            try await link.subscribe(TestService.response)
+            links.append(link)
+        }
+        for await e in peripheral.events {
+            if case .subscribed(let id, _) = e { centrals.append(id) }
+            if centrals.count == 2 { break }
+        }
+        let mtu = await links[0].mtu
+        await #expect(throws: RadioError.invalidLength(length: mtu - 4, limit: mtu - 5)) {
+            try await peripheral.notify(centrals[0], characteristic: TestService.response, value: [UInt8](repeating: 1, count: mtu - 4))
+        }
+        let value = [UInt8](repeating: 7, count: mtu - 5)
+        try await peripheral.notify(centrals[0], characteristic: TestService.response, value: value)
+        for link in links {
+            var events = link.events.makeAsyncIterator()
+            #expect(await events.next() == .notification(characteristic: TestService.response, value: value))
+        }
+        // A write to the notify-only characteristic is refused, as the ATT server refuses it.
+        await #expect(throws: RadioError.self) { try await links[1].write(TestService.response, value: [1], withResponse: true) }
+    }
+
     @Test func connectWaitsForAnAdvertisementAndExchangesMTU() async throws {
         var parameters = SimulationParameters()
         parameters.centralMTU = 517

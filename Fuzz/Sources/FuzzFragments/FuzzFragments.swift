@@ -1,7 +1,8 @@
 import BoxkeyCore
 
 /// Input: a stream of fragments, each preceded by one length byte, fed to one reassembler at
-/// MTU 23 + (first byte % 495). Property: no crash, and every message that comes out re-fragments
+/// MTU 23 + (first byte % 495); the reassembler learns its channel from the first fragment, as
+/// the box's does. Property: no crash, and every message that comes out re-fragments
 /// and reassembles to itself.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
@@ -22,7 +23,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             precondition(message.count <= Envelope.maxLength)
             var check = FrameReassembler()
             var out: [UInt8]?
-            for f in try! Framing.fragment(message, mtu: mtu) { out = try! check.receive(f, mtu: mtu, now: .zero) }
+            for f in try! Framing.fragment(message, mtu: mtu, channel: reassembler.channel!) { out = try! check.receive(f, mtu: mtu, now: .zero) }
             precondition(out == message)
         }
     }

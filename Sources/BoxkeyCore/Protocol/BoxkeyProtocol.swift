@@ -5,9 +5,13 @@ public enum BoxkeyProtocol {
     /// Version 2 (2026-11-23): enrolment proved at the box (pairing handshake with a code),
     /// unknown phones refused after message 1, authenticated keepalives. Version 1 phones are
     /// refused with `unsupportedVersion`: they must pair again.
-    public static let version: UInt8 = 2
+    /// Version 3 (2026-11-25): every GATT fragment names its connection's channel (BlueZ sends
+    /// notifications to every subscribed central), and fragments fit BlueZ's Multiple Handle
+    /// Value Notifications (MTU - 5) and the 512-byte attribute limit. Keys and enrolments made
+    /// under version 2 stay valid.
+    public static let version: UInt8 = 3
     /// Versions this build accepts. A peer with another version gets `Refusal.unsupportedVersion`.
-    public static let supportedVersions: ClosedRange<UInt8> = 2...2
+    public static let supportedVersions: ClosedRange<UInt8> = 3...3
 
     /// While it is the presence link, the phone sends a sealed keepalive this often; the box
     /// counts a few missed ones as walking away (`[presence] keepalive_timeout_s`). An open
@@ -34,6 +38,10 @@ public enum BoxkeyProtocol {
     public static let maximumATTMTU = 517
     /// ATT write/notify opcode (1) + handle (2) precede the value.
     public static let attHeaderLength = 3
+    /// A Multiple Handle Value Notification: opcode (1) + handle (2) + length (2) per value.
+    public static let multipleNotificationHeaderLength = 5
+    /// No attribute value is longer (Core spec Vol 3 Part F 3.2.9), whatever the MTU.
+    public static let maximumAttributeValueLength = 512
 }
 
 /// The four-digit box ID shown on the box's screen. A discovery hint, not a security boundary:
@@ -64,6 +72,6 @@ public struct BoxID: Hashable, Sendable, Comparable, CustomStringConvertible {
 
 /// The release of this source tree, as `boxkey --version` and `boxkeyd --version` print it.
 public enum BoxkeyRelease {
-    public static let version = "0.4.0"
+    public static let version = "0.5.0"
     public static var description: String { "\(version) (protocol \(BoxkeyProtocol.version))" }
 }

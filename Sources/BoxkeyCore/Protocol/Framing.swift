@@ -1,26 +1,55 @@
+/// Which connection a fragment belongs to. BlueZ's GATT server sends a characteristic's
+/// notifications to every subscribed central, so every fragment names its connection: the phone
+/// picks a random channel for each connection, the box answers on it, and a phone keeps only
+/// fragments on its own channel, before any decryption.
+public struct FrameChannel: Hashable, Sendable, CustomStringConvertible {
+    public let value: UInt32
+    public init(_ value: UInt32) { self.value = value }
+    /// A fresh channel for a new connection (libsodium's generator).
+    public static func random() -> FrameChannel {
+        FrameChannel(SystemRandom.bytes(4).reduce(0) { $0 << 8 | UInt32($1) })
+    }
+    public var bytes: [UInt8] { [UInt8(value >> 24), UInt8(value >> 16 & 0xff), UInt8(value >> 8 & 0xff), UInt8(value & 0xff)] }
+    public var description: String { hex(bytes) }
+}
+
 /// GATT framing: one envelope is split into fragments that each fit one ATT write or
-/// notification (ATT_MTU - 3 bytes of value).
+/// notification.
 ///
-///     fragment 0:   index (1) = 0 | total length (2, BE) | data
-///     fragment i:   index (1) = i | data                      (i = 1 ... 63)
+///     fragment 0:   channel (4) | index (1) = 0 | total length (2, BE) | data
+///     fragment i:   channel (4) | index (1) = i | data                      (i = 1 ... 127)
 ///
 /// BLE's link layer is reliable and in order, so the reassembler accepts only the next index:
 /// anything else means a broken or hostile peer and is an error, never silently repaired.
 public enum Framing {
-    public static let headerLength = 1
+    public static let channelLength = 4
+    /// Channel and index: the bytes every fragment starts with.
+    public static let headerLength = channelLength + 1
     public static let lengthFieldLength = 2
-    /// Index values 64...255 are reserved (future flags) and rejected.
-    public static let maxFragments = 64
+    /// Index values 128...255 are reserved (future flags) and rejected. 128 fragments hold the
+    /// largest envelope at MTU 23 (79 of them).
+    public static let maxFragments = 128
     /// A whole envelope must arrive within this time of its first fragment. At the slowest
     /// legal timing (MTU 23, one packet per 4 s connection interval) 54 fragments would not
     /// make it, but at any interval a real phone uses (7.5-100 ms) the largest message takes
     /// well under a second.
     public static let reassemblyTimeout: Duration = .seconds(5)
 
-    /// Largest fragment value for an ATT MTU.
+    /// Largest fragment a sender makes at an ATT MTU: what the smallest carrier holds. BlueZ
+    /// (5.62 and later) sends notifications in Multiple Handle Value Notification PDUs, whose
+    /// handle and length fields leave MTU - 5 bytes of value, and drops the rest without an
+    /// error; no attribute value may exceed 512 bytes.
     public static func fragmentCapacity(mtu: Int) -> Int {
-        min(max(mtu, BoxkeyProtocol.minimumATTMTU), BoxkeyProtocol.maximumATTMTU) - BoxkeyProtocol.attHeaderLength
+        min(clamped(mtu) - BoxkeyProtocol.multipleNotificationHeaderLength, BoxkeyProtocol.maximumAttributeValueLength)
     }
+
+    /// Largest fragment a receiver accepts at an ATT MTU: what a Write Request or a plain
+    /// notification can carry (MTU - 3, at most 512).
+    public static func receiveLimit(mtu: Int) -> Int {
+        min(clamped(mtu) - BoxkeyProtocol.attHeaderLength, BoxkeyProtocol.maximumAttributeValueLength)
+    }
+
+    static func clamped(_ mtu: Int) -> Int { min(max(mtu, BoxkeyProtocol.minimumATTMTU), BoxkeyProtocol.maximumATTMTU) }
 
     /// How many fragments a message of `length` bytes needs at `mtu`.
     public static func fragmentCount(messageLength length: Int, mtu: Int) -> Int {
@@ -50,11 +79,13 @@ public enum Framing {
         case overrun(declared: Int)
         case tooManyFragments
         case timedOut
+        /// A fragment on another channel than the connection's first one (the box's side).
+        case channelChanged(expected: FrameChannel, got: FrameChannel)
     }
 
     /// Splits `message` for `mtu`. Throws for messages the reassembler would refuse, so a sender
     /// learns of an oversize message before it reaches the air.
-    public static func fragment(_ message: [UInt8], mtu: Int) throws(Framing.Error) -> [[UInt8]] {
+    public static func fragment(_ message: [UInt8], mtu: Int, channel: FrameChannel) throws(Framing.Error) -> [[UInt8]] {
         guard !message.isEmpty else { throw .emptyMessage }
         guard message.count <= Envelope.maxLength else { throw .messageTooLarge(length: message.count, limit: Envelope.maxLength) }
         let capacity = fragmentCapacity(mtu: mtu)
@@ -62,7 +93,7 @@ public enum Framing {
         var offset = 0
         var index: UInt8 = 0
         while offset < message.count {
-            var fragment: [UInt8] = [index]
+            var fragment = channel.bytes + [index]
             if index == 0 { fragment += [UInt8(message.count >> 8), UInt8(message.count & 0xff)] }
             let take = min(capacity - fragment.count, message.count - offset)
             fragment += message[offset..<offset + take]
@@ -78,9 +109,18 @@ public enum Framing {
 /// Rebuilds envelopes from fragments, one connection's worth. Pure: the caller passes the time.
 /// After any error the reassembler is empty again and ready for a new first fragment; the
 /// caller decides whether the connection survives (the box drops it).
+///
+/// The phone's reassembler is made with its own channel and passes over fragments on other
+/// channels (other phones' traffic). The box's learns the channel from the connection's first
+/// fragment and refuses any other afterwards.
 public struct FrameReassembler: Sendable {
     public let maxMessageLength: Int
     public let timeout: Duration
+    /// The connection's channel: given (phone) or learned from the first fragment (box).
+    public private(set) var channel: FrameChannel?
+    private let keepsOnlyItsChannel: Bool
+    /// Fragments passed over because they were on another channel.
+    public private(set) var foreignFragments = 0
 
     private var buffer: [UInt8] = []
     private var declaredLength = 0
@@ -88,12 +128,17 @@ public struct FrameReassembler: Sendable {
     private var startedAt: Duration = .zero
     private var inProgress = false
 
-    public init(maxMessageLength: Int = Envelope.maxLength, timeout: Duration = Framing.reassemblyTimeout) {
+    public init(channel: FrameChannel? = nil, maxMessageLength: Int = Envelope.maxLength, timeout: Duration = Framing.reassemblyTimeout) {
+        self.channel = channel
+        keepsOnlyItsChannel = channel != nil
         self.maxMessageLength = maxMessageLength
         self.timeout = timeout
     }
 
     public var isIdle: Bool { !inProgress }
+
+    /// When the message in progress runs out of time; nil when idle.
+    public var deadline: Duration? { inProgress ? startedAt + timeout : nil }
 
     /// Feeds one ATT value received at time `now` with link MTU `mtu`. Returns a complete
     /// message when this fragment finished one.
@@ -108,7 +153,7 @@ public struct FrameReassembler: Sendable {
 
     /// Reports (and clears) a message whose time ran out. Call on a timer or before `receive`.
     public mutating func checkTimeout(now: Duration) throws(Framing.Error) {
-        if inProgress, now - startedAt > timeout {
+        if inProgress, now - startedAt >= timeout {
             reset()
             throw .timedOut
         }
@@ -122,17 +167,26 @@ public struct FrameReassembler: Sendable {
     }
 
     private mutating func accept(_ fragment: [UInt8], mtu: Int, now: Duration) throws(Framing.Error) -> [UInt8]? {
-        let limit = Framing.fragmentCapacity(mtu: mtu)
-        guard !fragment.isEmpty else { throw .emptyFragment }
+        guard fragment.count > Framing.channelLength else { throw .emptyFragment }
+        let on = FrameChannel(fragment[0..<4].reduce(0) { $0 << 8 | UInt32($1) })
+        if let channel, on != channel {
+            // Another phone's traffic is none of this phone's business, whatever its shape.
+            if keepsOnlyItsChannel { foreignFragments += 1; return nil }
+            throw .channelChanged(expected: channel, got: on)
+        }
+        let limit = Framing.receiveLimit(mtu: mtu)
         guard fragment.count <= limit else { throw .fragmentTooLarge(length: fragment.count, limit: limit) }
-        let index = fragment[0]
+        channel = on
+        let fragment = fragment[Framing.channelLength...]
+        let index = fragment[fragment.startIndex]
         guard Int(index) < Framing.maxFragments else { throw .reservedIndex(index) }
         try checkTimeout(now: now)
 
         if index == 0 {
             if inProgress { throw .truncatedMessage(received: buffer.count, declared: declaredLength) }
-            guard fragment.count >= Framing.headerLength + Framing.lengthFieldLength else { throw .truncatedHeader }
-            let length = Int(fragment[1]) << 8 | Int(fragment[2])
+            let s = fragment.startIndex
+            guard fragment.count >= 3 else { throw .truncatedHeader }
+            let length = Int(fragment[s + 1]) << 8 | Int(fragment[s + 2])
             guard length > 0 else { throw .emptyMessage }
             guard length <= maxMessageLength else { throw .messageTooLarge(length: length, limit: maxMessageLength) }
             guard fragment.count > 3 else { throw .emptyFragment }
@@ -141,7 +195,7 @@ public struct FrameReassembler: Sendable {
             startedAt = now
             inProgress = true
             nextIndex = 1
-            return try append(fragment[3...])
+            return try append(fragment[(s + 3)...])
         }
 
         guard inProgress else { throw .unexpectedContinuation(index: index) }
@@ -149,7 +203,7 @@ public struct FrameReassembler: Sendable {
         guard index == nextIndex else { throw .outOfOrder(expected: nextIndex, got: index) }
         guard fragment.count > 1 else { throw .emptyFragment }
         nextIndex &+= 1
-        return try append(fragment[1...])
+        return try append(fragment[(fragment.startIndex + 1)...])
     }
 
     private mutating func append(_ data: ArraySlice<UInt8>) throws(Framing.Error) -> [UInt8]? {
