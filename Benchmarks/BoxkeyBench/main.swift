@@ -94,7 +94,8 @@ final class BoxUnderTest: @unchecked Sendable {
 
     /// On the in-process air, or with `socketAir` on the air other processes on this machine
     /// join (a `boxkey` process as the phone).
-    init(parameters: SimulationParameters, socketAir: SocketAir? = nil, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
+    init(parameters: SimulationParameters, socketAir: SocketAir? = nil, userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID,
+         configure: (inout DaemonConfig) -> Void = { _ in }) throws {
         self.parameters = parameters
         air = socketAir?.air ?? SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)
         state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-\(UUID().uuidString.prefix(8))").path
@@ -104,9 +105,9 @@ final class BoxUnderTest: @unchecked Sendable {
         configure(&config)
         let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
         var logger = Logger(label: "bench")
-        logger.logLevel = .critical
+        logger.logLevel = ProcessInfo.processInfo.environment["BOXKEY_BENCH_LOG"] == nil ? .critical : .debug
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
-                  clock: MonotonicClock(), logger: logger, radioDescription: "bench air")
+                  clock: MonotonicClock(), logger: logger, radioDescription: "bench air", userID: userID)
         let address = DeviceAddress("00:B0:C5:00:48:21")!
         let peripheral = try socketAir?.peripheral(address, at: 0) ?? air.peripheral(address, at: 0)
         presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
@@ -290,7 +291,7 @@ func memoryGrowth() async throws {
     let logins = short ? 30 : 1000
     var p = SimulationParameters()
     p.connectionInterval = .microseconds(7500)  // BLE's shortest: the same work, sooner
-    let bench = try BoxUnderTest(parameters: p) { $0.advertisingInterval = .milliseconds(20) }
+    let bench = try BoxUnderTest(parameters: p, configure: { $0.advertisingInterval = .milliseconds(20) })
     try await bench.start()
     for _ in 0..<20 { _ = try await bench.login() }  // warm-up: pools, caches, the first allocations
     let before = rssBytes()
@@ -301,7 +302,7 @@ func memoryGrowth() async throws {
     let after = rssBytes()
     bench.stop()
     let growth = Double(after - before) / 1_048_576
-    row("5b. memory growth over \(logins) logins (box + phone in one process)",
+    row("5d. memory growth over \(logins) logins (box + phone in one process)",
         String(format: "%.2f MiB (%.1f KiB per login; %.0f ms per login at 7.5 ms interval)", growth, Double(after - before) / 1024 / Double(logins), milliseconds(took) / Double(logins)),
         // 30 logins right after warm-up say little about steady growth: only the full run judges.
         "≤ 1 MiB per 1,000", short ? nil : growth * 1000 / Double(logins) <= 1)
@@ -499,6 +500,10 @@ func labFigures() {
 
 // MARK: - Main
 
+if CommandLine.arguments.contains("--load-phones") {
+    try await loadPhonesMain()
+    exit(0)
+}
 let boxkeyd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("boxkeyd").path
 FileHandle.standardError.write("boxkey-bench (\(short ? "short" : "full")), \(ProcessInfo.processInfo.activeProcessorCount) cores\n".data(using: .utf8)!)
 if wanted(1) || wanted(2) { try await loginFigures(envelopes: try loginEnvelopes()) }
@@ -507,10 +512,12 @@ if wanted(4) { try await walkAway() }
 if wanted(5) {
     try idleDaemon(boxkeyd: boxkeyd)
     try await memoryGrowth()
+    try await boxMemoryGrowth()
 }
 if wanted(6) { try await pamFallback(boxkeyd: boxkeyd) }
 if wanted(7) { labFigures() }
 if wanted(8) { try vaultCost() }
+if wanted(10) { try await loadFigures() }
 if wanted(9) {
     let boxkey = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("boxkey").path
     try await loginWallTime(boxkey: boxkey)

@@ -201,6 +201,11 @@ public actor Box {
         let now = clock.now
         switch event {
         case .connected(let id, let mtu):
+            // A central has one connection to a peripheral: a new one from the same address
+            // means the old one is gone, whenever its disconnection event arrives.
+            for stale in links.keys where stale.address == id.address && stale != id {
+                linkEnded(stale, reason: .remoteUser, now: now)
+            }
             if failedHandshakes.isLimited(id.address, now: now) {
                 audit.audit(.notice, .connectionRefused, "refused \(id.address) at connect: too many failed handshakes in the last minute")
                 outboxContinuation.yield(.disconnect(id))

@@ -24,7 +24,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public var handshakeTimeout: Duration = .seconds(5)
     public var commandTimeout: Duration = .seconds(10)
     public var outcomeTimeout: Duration = .seconds(60)
-    public var maxConnections = 4
+    public var maxConnections = 8
     // [limits]
     public var failedHandshakesPerMinute = 20
     public var rejectedPushesPerPhone = 5

@@ -137,7 +137,9 @@ struct BoxHarness {
         let h = try BoxHarness()
         try await h.run {
             for round in 0..<3 {
-                async let a: BoxLink? = h.honestLogin(UInt8(0x10 + round), user: "alice")
+                // Each prompt names its user, as a greeter with a user list does: a prompt for anyone
+                // would make the other push ambiguous.
+                async let a: BoxLink? = h.honestLogin(UInt8(0x10 + round), user: "mallory")
                 async let b: BoxLink? = h.honestLogin(UInt8(0x20 + round), user: "bob")
                 _ = try await (a, b)
             }

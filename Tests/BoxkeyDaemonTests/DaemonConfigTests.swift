@@ -16,7 +16,7 @@ import Testing
         #expect(c.boxID?.description == "4821")
         #expect(c.policy == .logout && c.grace == .milliseconds(2500) && c.rssiLockThreshold == -85)
         #expect(c.pamAllowedUIDs == [1000, 1001])
-        #expect(c.maxConnections == 4)   // untouched keys keep their defaults
+        #expect(c.maxConnections == 8)   // untouched keys keep their defaults
     }
 
     /// Inputs that made the TOML library used before (TOMLKit's toml++) abort the process, and
