@@ -103,6 +103,11 @@ public actor Box {
         /// processed (a flood would otherwise be counted and logged once per queued write).
         var dropped = false
         var mtuLogged = false
+        /// Answers ready before the phone's subscription was seen: a phone enables
+        /// notifications and writes its first message together, and the two may be reported
+        /// in either order. Sent when the subscription arrives; a link that never subscribes
+        /// ends at its handshake or command timeout.
+        var unsent: [[UInt8]] = []
         var prompt: UInt64?
         /// The code this link's pairing handshake was answered under.
         var pairingCode: Enrolment.LiveCode?
@@ -233,7 +238,11 @@ public actor Box {
             logger.debug("connected \(id)")
             wakeTimers()
         case .subscribed(let id, let characteristic):
-            if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = true }
+            guard characteristic == BoxkeyProtocol.responseCharacteristicUUID, links[id] != nil else { return }
+            links[id]!.subscribed = true
+            let held = links[id]!.unsent
+            links[id]!.unsent = []
+            send(held, to: id)
         case .unsubscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = false }
         case .wrote(let id, let characteristic, let value, let mtu):
@@ -349,8 +358,12 @@ public actor Box {
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
         guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel else { return }
         guard link.subscribed else {
-            logger.notice("\(id.address) did not subscribe to responses; dropping it")
-            drop(id)
+            guard link.unsent.count + envelopes.count <= 4 else {
+                logger.notice("\(id.address) did not subscribe to responses; dropping it")
+                drop(id)
+                return
+            }
+            links[id]!.unsent += envelopes
             return
         }
         for envelope in envelopes {

@@ -5,6 +5,8 @@ import NIOConcurrencyHelpers
 public final class SimulatedCentral: CentralRadio {
     public let address: DeviceAddress
     let air: SimulatedAir
+    /// The database hash of each peripheral this central discovered (its GATT cache).
+    let cache = NIOLockedValueBox<[DeviceAddress: Int]>([:])
 
     init(air: SimulatedAir, address: DeviceAddress) {
         self.air = air
@@ -68,7 +70,7 @@ public final class SimulatedCentral: CentralRadio {
         air.noteDelivery(to: peer, at: ready)
         air.reevaluateRange(link, now: t)
         try await air.finish(address, at: ready)
-        return SimulatedLink(air: air, link: link)
+        return SimulatedLink(air: air, link: link, cache: cache)
     }
 }
 
@@ -78,10 +80,12 @@ public final class SimulatedLink: CentralLink {
     public let events: AsyncStream<LinkEvent>
     let air: SimulatedAir
     let link: SimLink
+    let cache: NIOLockedValueBox<[DeviceAddress: Int]>
 
-    init(air: SimulatedAir, link: SimLink) {
+    init(air: SimulatedAir, link: SimLink, cache: NIOLockedValueBox<[DeviceAddress: Int]>) {
         self.air = air
         self.link = link
+        self.cache = cache
         let ended = NIOLockedValueBox(false)
         let mailbox = link.centralMailbox
         self.events = AsyncStream(unfolding: {
@@ -120,8 +124,15 @@ public final class SimulatedLink: CentralLink {
 
     public func discover(service uuid: String) async throws -> GATTService {
         var t = try begin()
-        for _ in 0..<air.parameters.discoveryRoundTrips {
-            t = roundTrip(at: t, requestBytes: 4, responseBytes: min(link.mtu - 1, 20))
+        let hash = link.service?.hashValue
+        if air.parameters.gattCaching, let hash, cache.withLockedValue({ $0[link.peripheral] }) == hash {
+            // Read By Type (Database Hash): the 16-byte hash matches, the cache stands.
+            t = roundTrip(at: t, requestBytes: 6, responseBytes: 20)
+        } else {
+            for _ in 0..<air.parameters.discoveryRoundTrips {
+                t = roundTrip(at: t, requestBytes: 4, responseBytes: min(link.mtu - 1, 20))
+            }
+            if let hash { cache.withLockedValue { $0[link.peripheral] = hash } }
         }
         try await air.finish(central, at: try await link.completion(of: t, clock: air.clock))
         guard let service = link.service, service.uuid == uuid.lowercased() else { throw RadioError.serviceNotFound(uuid) }

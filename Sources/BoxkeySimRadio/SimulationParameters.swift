@@ -29,6 +29,11 @@ public struct SimulationParameters: Sendable, Hashable {
     /// Attribute-protocol round trips to discover a service (primary service by UUID,
     /// characteristics, descriptors).
     public var discoveryRoundTrips = 3
+    /// The central keeps the database it discovered on a peripheral (BlueZ: `[GATT] Cache`,
+    /// "always" by default) and on the next connection checks it with one read of the Database
+    /// Hash (Robust Caching, Core 5.1) instead of discovering again. A peripheral whose service
+    /// changed gets a different hash and is discovered in full.
+    public var gattCaching = true
     /// Received power at 1 m: -59 dBm is the usual phone calibration (iBeacon "measured power").
     public var rssiAtOneMetre = -59.0
     /// Log-distance path-loss exponent: 2 in free space, 2.5 for an open office.

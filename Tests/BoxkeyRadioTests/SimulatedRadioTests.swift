@@ -173,6 +173,27 @@ import Testing
         #expect(clock.now == .seconds(10))   // no wall time needed for any of it
     }
 
+    /// The central's GATT cache: a second connection to the same peripheral checks the
+    /// Database Hash (one round trip) instead of discovering (three); a changed service is
+    /// discovered in full again.
+    @Test func aRepeatConnectionChecksTheDatabaseHashInsteadOfDiscovering() async throws {
+        let (_, _, peripheral, central) = try await world()
+        var trips: [Int] = []
+        for change in [false, false, true, false] {
+            if change {
+                var changed = TestService.definition
+                changed.characteristics.removeLast()
+                try await peripheral.publish(changed)
+            }
+            let link = try await central.connectLink(to: boxAddress, timeout: .seconds(5))
+            let before = link.trace.count
+            _ = try await link.discover(service: TestService.service)
+            trips.append((link.trace.count - before) / 2)
+            await link.disconnect()
+        }
+        #expect(trips == [3, 1, 3, 1])
+    }
+
     @Test func notificationsAndReadsCostRoundTrips() async throws {
         let (_, _, peripheral, central) = try await world()
         let link = try await central.connectLink(to: boxAddress, timeout: .seconds(5))
