@@ -96,6 +96,8 @@ public actor Box {
         var id: CentralID
         var mtu: Int
         var connectedAt: Duration
+        /// Its address had too many failed handshakes in the last minute when it connected.
+        var limited = false
         var reassembler = FrameReassembler()
         var connection: BoxConnection
         var subscribed = false
@@ -210,28 +212,30 @@ public actor Box {
             // means the old one is gone, whenever its disconnection event arrives.
             for stale in links.keys where stale.address == id.address && stale != id {
                 linkEnded(stale, reason: .remoteUser, now: now)
+                outboxContinuation.yield(.disconnect(stale))
             }
-            if failedHandshakes.isLimited(id.address, now: now) {
-                audit.audit(.notice, .connectionRefused, "refused \(id.address) at connect: too many failed handshakes in the last minute")
-                outboxContinuation.yield(.disconnect(id))
-                return
-            }
-            if links.count >= config.maxConnections {
+            // An address over its failure budget may still be an enrolled phone whose address
+            // someone else borrowed: it is let in, and only an unknown key from it is refused.
+            let limited = failedHandshakes.isLimited(id.address, now: now)
+            // Links the box has hung up on, or whose channel is closed, wait only for their
+            // disconnection event: they hold no slot.
+            let live = links.values.filter { !$0.dropped && $0.connection.state != .closed }
+            if live.count >= config.maxConnections {
                 // Unauthenticated links are free to make: a full box drops the oldest of them
                 // rather than refusing everyone after it, so a few random addresses cycling
                 // connections cannot keep an enrolled phone out.
-                guard let victim = links.values.filter({ $0.connection.state == .awaitingHandshake })
+                guard let victim = live.filter({ $0.connection.state == .awaitingHandshake })
                         .min(by: { $0.connectedAt < $1.connectedAt }) else {
-                    audit.audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(links.count) authenticated connections already")
+                    audit.audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(live.count) authenticated connections already")
                     outboxContinuation.yield(.disconnect(id))
                     return
                 }
+                // Not counted against the victim's address: it may be an honest phone's.
                 audit.audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
                 links[victim.id] = nil
-                failedHandshakes.record(victim.id.address, now: now)
                 drop(victim.id)
             }
-            links[id] = PhoneLink(id: id, mtu: mtu, connectedAt: now, connection: BoxConnection(
+            links[id] = PhoneLink(id: id, mtu: mtu, connectedAt: now, limited: limited, connection: BoxConnection(
                 identity: identity.keyPair, boxID: identity.boxID, connectedAt: now,
                 handshakeTimeout: config.handshakeTimeout, commandTimeout: config.commandTimeout))
             // BlueZ tells the MTU with the first write, not at connect: it is logged then.
@@ -271,7 +275,7 @@ public actor Box {
             return
         }
         if !hadChannel, let channel = links[id]!.reassembler.channel,
-           links.contains(where: { $0.key != id && !$0.value.dropped && $0.value.reassembler.channel == channel }) {
+           links.contains(where: { $0.key != id && $0.value.reassembler.channel == channel }) {
             // Anything sent on this channel would reach the other phone too: hang up without a word.
             audit.audit(.notice, .connectionRefused, "dropped \(id.address): channel \(channel) is another connection's")
             failedHandshakes.record(id.address, now: now)
@@ -283,9 +287,10 @@ public actor Box {
         guard let message else { return }
         var connection = links[id]!.connection
         let code = enrolment.current(now: now)
+        let limited = links[id]!.limited
         let output = connection.receive(message, nonces: nonces, replayCache: &replayCache, now: now,
                                         pairingCode: code?.code) { [self] phone, kind in
-            admit(phone, kind, now: now)
+            admit(phone, kind, fromLimitedAddress: limited, now: now)
         }
         links[id]!.connection = connection
         if case .pairingAttempt? = output.request { links[id]!.pairingCode = code }
@@ -294,8 +299,9 @@ public actor Box {
 
     /// The policy check once a phone's key is known (right after message 1): unknown keys may
     /// only pair; revoked keys nothing; a phone over its rejection budget waits.
-    private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, now: Duration) -> Refusal.Code? {
+    private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, fromLimitedAddress limited: Bool, now: Duration) -> Refusal.Code? {
         if registry.isRevoked(phone) { return .phoneRevoked }
+        if limited, registry.users(of: phone).isEmpty { return .rateLimited }
         if kind == .login, registry.users(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
             return .notEnrolled
         }
@@ -356,7 +362,9 @@ public actor Box {
     }
 
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
-        guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel else { return }
+        guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel,
+              // Whatever is said on a channel reaches every phone on it: never one another link holds.
+              !links.contains(where: { $0.key != id && $0.value.reassembler.channel == channel }) else { return }
         guard link.subscribed else {
             guard link.unsent.count + envelopes.count <= 4 else {
                 logger.notice("\(id.address) did not subscribe to responses; dropping it")
@@ -556,6 +564,10 @@ public actor Box {
         if links[link] != nil {
             presences[link] = startedPresence(phone: phone, user: user, now: now)
             graces[phone] = nil
+        } else {
+            // The phone left between its push and the verdict: no presence link holds this
+            // session, so it is treated as walked away (the grace lets the phone come back).
+            startGrace(phone: phone, user: user, reason: "link lost before the login was accepted", now: now)
         }
     }
 
@@ -883,11 +895,17 @@ public actor Box {
         ticks += 1
         defer { ticking = false }
         let now = clock.now
+        failedHandshakes.pruneAll(now: now)
+        rejectedByPhone.pruneAll(now: now)
+        rejectedByUser.pruneAll(now: now)
         for id in Array(links.keys) {
             guard var link = links[id], !link.dropped else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
+                links[id] = link
                 audit.audit(.notice, .connectionRefused, "dropped \(id.address): stalled mid-message")
+                failedHandshakes.record(id.address, now: now)
                 drop(id)
+                continue
             }
             let output = link.connection.tick(now: now)
             links[id] = link

@@ -51,14 +51,22 @@ public struct RadioService: Service, CustomStringConvertible {
                     }
                 } catch {
                     logger.info("cannot notify \(id.address): \(error)")
-                    await peripheral.disconnect(id)
+                    disconnect(id)
                 }
             case .disconnect(let id):
-                await peripheral.disconnect(id)
+                disconnect(id)
             case .advertise(let data):
                 do { try await peripheral.advertise(data) } catch { logger.error("advertising failed: \(error)") }
             }
         }
+    }
+
+    /// Hangs up without holding the queue: bluetoothd answers Disconnect only once the link
+    /// is down (seconds), and every other phone's answers wait behind a queued action. What
+    /// went to this phone before is already out.
+    private func disconnect(_ id: CentralID) {
+        let peripheral = peripheral
+        Task { await peripheral.disconnect(id) }
     }
 
     private func rotateNonces() async throws {

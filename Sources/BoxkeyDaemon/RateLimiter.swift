@@ -26,6 +26,12 @@ public struct RateLimiter<Key: Hashable & Sendable>: Sendable {
         events[key, default: []].append(now)
     }
 
+    /// Forgets every key whose events are all out of the window (addresses that never came
+    /// back would otherwise stay for good).
+    public mutating func pruneAll(now: Duration) {
+        for key in Array(events.keys) { prune(key, now: now) }
+    }
+
     private mutating func prune(_ key: Key, now: Duration) {
         guard var list = events[key] else { return }
         list.removeAll { now - $0 >= window }

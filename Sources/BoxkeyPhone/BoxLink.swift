@@ -85,18 +85,20 @@ public actor BoxLink {
     /// when that fails.
     private static func handshake(on link: any CentralLink, box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity,
                                   pairingCode: PairingCode?, timeout: Duration) async throws -> BoxLink {
+        // Notifications are on before the first write. Sending both together would save a round
+        // trip, but over BlueZ the two D-Bus calls are not ordered, and an answer that beats
+        // the phone's own subscription is lost.
+        do {
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+        } catch {
+            await link.disconnect()
+            throw Failure.radio("\(error)")
+        }
         let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement,
                                                                       pairingCode: pairingCode),
                               mtu: await link.mtu)
         do {
-            // Enabling notifications (a Write Request) and the first message go out together:
-            // ATT sends Write Commands while a request is outstanding, so the first message
-            // does not wait a round trip, and the box's answer comes after both.
-            async let subscription: Void = link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
-            var startError: (any Error)?
-            do { try await session.start() } catch { startError = error }
-            do { try await subscription } catch { throw Failure.radio("\(error)") }
-            if let startError { throw startError }
+            try await session.start()
             guard try await session.next(timeout: timeout) == .channelOpen else { throw Failure.protocolError("no channel") }
         } catch {
             await session.close()

@@ -178,6 +178,29 @@ import Testing
         }
     }
 
+    /// The same copy, but with a broken first fragment: the box's refusal of a malformed
+    /// fragment must not go out on the copied channel (the victim would take it as its own
+    /// and end its login or presence link).
+    @Test func aBrokenFragmentOnACopiedChannelGetsNoRefusalOnIt() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let key = h.box.identity.keyPair.publicKey
+            var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
+            var a = try await RawPhone.connect(h, 0x63)
+            try await a.send(try honest.start())
+            _ = try honest.receive(try #require(await a.receive()))
+            for broken: [UInt8] in [[0x01, 0x00], [0xFF, 1], [0, 0, 0, 1], [0, 0, 1]] {
+                var copycat = try await RawPhone.connect(h, 0x64)
+                try await copycat.write([a.channel.bytes + broken])
+                #expect(await copycat.expectDisconnect())
+            }
+            // The honest phone's next answer is the first thing on its channel, not a refusal.
+            try await a.send(try honest.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "a"))))
+            guard case .loginResult(let result) = try honest.receive(try #require(await a.receive())) else { Issue.record("no login result"); return }
+            #expect(result.outcome == .notAtPrompt)
+        }
+    }
+
     /// A message that stops mid-way on an open channel is dropped at the documented 5 s, not
     /// at the next deadline the timer loop happened to know (the 10 s command timeout).
     @Test func aStalledMessageIsDroppedAfterFiveSeconds() async throws {

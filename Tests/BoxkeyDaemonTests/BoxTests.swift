@@ -122,12 +122,27 @@ struct BoxHarness {
                 var events = link.events.makeAsyncIterator()
                 while let e = await events.next() { if case .disconnected = e { break } }
             }
+            // The address is over its budget: an unknown key from it is refused after message 1.
             let again = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
-            var events = again.events.makeAsyncIterator()
-            #expect(await events.next() == .disconnected(.remoteUser))
+            try await again.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
+            let advert = try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+            var stranger = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: advert)
+            let channel = FrameChannel.random()
+            for f in try Framing.fragment(try stranger.start(), mtu: 23, channel: channel) {
+                try await again.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: false)
+            }
+            var reassembler = FrameReassembler(channel: channel)
+            var answer: [UInt8]?
+            for await e in again.events {
+                if case .notification(_, let v) = e, let m = try reassembler.receive(v, mtu: 23, now: .zero) { answer = m }
+                if case .disconnected = e { break }
+            }
+            #expect(answer == Envelope.refusal(Refusal(.rateLimited)).encode())
 
-            // Another phone, meanwhile, logs in.
+            // Another phone, meanwhile, logs in; so does an enrolled phone at the flooded
+            // address (an attacker may borrow an honest phone's address to flood from).
             try await h.honestLogin()
+            try await h.honestLogin(0x66)
         }
     }
 

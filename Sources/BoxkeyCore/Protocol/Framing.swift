@@ -143,9 +143,13 @@ public struct FrameReassembler: Sendable {
     /// Feeds one ATT value received at time `now` with link MTU `mtu`. Returns a complete
     /// message when this fragment finished one.
     public mutating func receive(_ fragment: [UInt8], mtu: Int, now: Duration) throws(Framing.Error) -> [UInt8]? {
+        let learned = channel
         do {
             return try accept(fragment, mtu: mtu, now: now)
         } catch {
+            // A channel is learned only from a fragment that is whole: a broken first fragment
+            // names none, so nothing is ever said on a channel copied into one.
+            channel = learned
             reset()
             throw error
         }
