@@ -103,12 +103,22 @@ func processCPUSeconds() -> Double {
     return Double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + Double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6
 }
 
-/// The child process: `--load-phones N --rounds R --air DIR --box-key HEX`; prints a LoadResult.
+/// The radio both processes use: MTU 247; `fast` (the memory run) at BLE's shortest
+/// connection interval, which changes how soon each login ends, not what it does.
+func loadParameters(fast: Bool) -> SimulationParameters {
+    var p = SimulationParameters()
+    p.centralMTU = 247
+    p.peripheralMTU = 247
+    if fast { p.connectionInterval = .microseconds(7500) }
+    return p
+}
+
+/// The child process: `--load-phones N --rounds R --air DIR --box-key HEX [--fast]`; prints a LoadResult.
 func loadPhonesMain() async throws {
     let args = CommandLine.arguments
     func value(_ name: String) -> String { args[args.firstIndex(of: name)! + 1] }
     let phones = Int(value("--load-phones"))!, rounds = Int(value("--rounds"))!
-    let air = try SocketAir(directory: value("--air"))
+    let air = try SocketAir(directory: value("--air"), parameters: loadParameters(fast: args.contains("--fast")))
     defer { air.shutdown() }
     let boxKey = try PublicKey(unhex(value("--box-key")) ?? [])
     let identities = loadIdentities(phones)
@@ -127,11 +137,9 @@ func loadPhonesMain() async throws {
 /// One load run: `phones` phones × `rounds` logins; in this process, or with `crossProcess`
 /// in a child process on the socket air. Returns the phones' result, the box's pushes, and
 /// the box process's CPU seconds and RSS (at the start, after `warmup` pushes, peak, at the end).
-func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0) async throws
+func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0, fast: Bool = false) async throws
     -> (result: LoadResult, pushes: Int, cpu: Double, rss: (before: Int, warm: Int, peak: Int, after: Int)) {
-    var p = SimulationParameters()
-    p.centralMTU = 247
-    p.peripheralMTU = 247
+    let p = loadParameters(fast: fast)
     let dir = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-bench-load-\(getpid())").path
     defer { try? FileManager.default.removeItem(atPath: dir) }
     let socketAir = crossProcess ? try SocketAir(directory: dir, parameters: p) : nil
@@ -139,6 +147,7 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0) asyn
     let bench = try BoxUnderTest(parameters: p, socketAir: socketAir, userID: loadUserID, configure: {
         $0.phoneLoginServices = ["login"]
         $0.rejectedPushesPerUser = 1_000_000
+        if fast { $0.advertisingInterval = .milliseconds(20) }
     })
     try await bench.start()
     defer { bench.stop() }
@@ -168,6 +177,7 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0) asyn
         let child = Process()
         child.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
         child.arguments = ["--load-phones", "\(phones)", "--rounds", "\(rounds)", "--air", dir, "--box-key", hex(bench.box.identity.keyPair.publicKey.bytes)]
+            + (fast ? ["--fast"] : [])
         let out = Pipe()
         child.standardOutput = out
         try child.run()
@@ -223,7 +233,7 @@ func loadFigures() async throws {
 func boxMemoryGrowth() async throws {
     let logins = short ? 100 : 1000
     let warmup = 20  // pools, caches, the first allocations
-    let run = try await loadRun(phones: 1, rounds: warmup + logins, crossProcess: true, warmup: warmup)
+    let run = try await loadRun(phones: 1, rounds: warmup + logins, crossProcess: true, warmup: warmup, fast: true)
     let grew = run.rss.after - run.rss.warm
     let growth = Double(grew) / 1_048_576
     row("5b. box process memory growth over \(logins) logins after \(warmup) (phone in another process)",
