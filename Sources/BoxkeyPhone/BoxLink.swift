@@ -47,7 +47,7 @@ public actor BoxLink {
         let link: any CentralLink
         do {
             link = try await radio.connect(to: box.address, timeout: timeout)
-            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            try await discoverBoxkeyService(on: link)
         } catch {
             throw Failure.radio("\(error)")
         }
@@ -69,7 +69,7 @@ public actor BoxLink {
         }
         let info: BoxInfo
         do {
-            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            try await discoverBoxkeyService(on: link)
             info = try BoxInfo.decode(try await link.read(BoxkeyProtocol.infoCharacteristicUUID))
             try check(info)
         } catch {
@@ -105,6 +105,20 @@ public actor BoxLink {
             throw error
         }
         return session
+    }
+
+    /// Discovers the Boxkey service and waits until all three characteristics are there. A
+    /// central's GATT cache can show a box's old database for a moment after the box started
+    /// again at the same address (seen over BlueZ in the lab: the service without Info),
+    /// until the Database Hash check has it discovered afresh.
+    static func discoverBoxkeyService(on link: any CentralLink) async throws {
+        let needed: Set = [BoxkeyProtocol.infoCharacteristicUUID, BoxkeyProtocol.requestCharacteristicUUID, BoxkeyProtocol.responseCharacteristicUUID]
+        for attempt in 0..<10 {
+            let service = try await link.discover(service: BoxkeyProtocol.serviceUUID)
+            if needed.isSubset(of: Set(service.characteristics.map { $0.uuid.lowercased() })) { return }
+            if attempt == 9 { throw RadioError.characteristicNotFound(needed.subtracting(service.characteristics.map { $0.uuid.lowercased() }).sorted().joined(separator: ", ")) }
+            try await Task.sleep(for: .milliseconds(300))
+        }
     }
 
     private init(link: any CentralLink, connection: PhoneConnection, mtu: Int) {
