@@ -289,6 +289,7 @@ def test_json_outputs_parse(world, agents):
     assert json.loads(world.phone("status", "--json").stdout)["agent"]["pid"] == a["pid"]
 
 
+@pytest.mark.both_radios
 def test_logout_asks_first(world):
     world.start_box()
     world.pair_and_store()

@@ -13,6 +13,7 @@ SERVICE = "ea000001-caf9-4a51-a017-a07d06dfeed4"
 INFO = "ea000002-caf9-4a51-a017-a07d06dfeed4"
 REQUEST = "ea000003-caf9-4a51-a017-a07d06dfeed4"
 RESPONSE = "ea000004-caf9-4a51-a017-a07d06dfeed4"
+CHANNEL = bytes.fromhex("b00b1e55")  # the probe's frame channel (docs/protocol.md, section 4)
 COMPANY = 0xFFFF
 
 
@@ -43,8 +44,9 @@ async def main(adapter, box_id):
             notified.set()
 
         await client.start_notify(RESPONSE, on_notify)
-        # Not a Boxkey frame: a version byte no box speaks and junk.
-        await client.write_gatt_char(REQUEST, bytes([0xEE, 0x00, 0x05]) + b"junk!", response=True)
+        # A whole protocol-3 frame (channel, index 0, length 5) holding an envelope of a version
+        # no box speaks: the box answers on this channel with a refusal and hangs up.
+        await client.write_gatt_char(REQUEST, CHANNEL + bytes([0x00, 0x00, 0x05, 0xEE]) + b"junk", response=True)
         await asyncio.wait_for(notified.wait(), 20)
         done = time.monotonic()
     print(json.dumps({
