@@ -37,6 +37,9 @@ CASES = [pytest.param(fault, holding, id=f"{fault}-{'presence' if holding else '
          for fault in FAULTS for holding in (False, True)]
 
 
+# Unsettled: they passed in one lab run and failed in the next (CI, 2026-11-25: bluetoothd killed
+# with a presence link, then no later connect in that VM succeeded); run them with LAB_MARKERS="".
+@pytest.mark.unsettled
 @pytest.mark.parametrize("fault, holding", CASES)
 def test_box_comes_back_and_never_leaves_a_session_unguarded(world, fault, holding):
     world.settings["presence"]["grace_s"] = GRACE_S
