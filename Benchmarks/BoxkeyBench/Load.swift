@@ -59,7 +59,7 @@ func loadIdentities(_ count: Int) -> [PhoneIdentity] {
 
 /// The box's side: a prompt for each load user, answered "accepted" whenever a push arrives,
 /// until `stop`. Returns how many pushes arrived per user.
-func servePrompts(_ box: Box, users: Int, until stop: Flag, counter: NIOLockedValueBox<Int>) async -> [Int] {
+func servePrompts(_ box: Box, users: Int, until stop: NIOLockedValueBox<Bool>, counter: NIOLockedValueBox<Int>) async -> [Int] {
     await withTaskGroup(of: Int.self) { group in
         for i in 0..<users {
             group.addTask {
@@ -69,7 +69,7 @@ func servePrompts(_ box: Box, users: Int, until stop: Flag, counter: NIOLockedVa
                 }
                 var pushes = 0
                 guard var prompt = await register() else { return 0 }
-                while !stop.value {
+                while !stop.withLockedValue({ $0 }) {
                     let answer = await box.awaitPush(prompt)
                     // The next prompt waits before this one reports, as a greeter that loops:
                     // a phone's next push never finds the user without a prompt.
@@ -90,10 +90,19 @@ func servePrompts(_ box: Box, users: Int, until stop: Flag, counter: NIOLockedVa
     }
 }
 
-final class Flag: Sendable {
-    private let v = NIOLockedValueBox(false)
-    var value: Bool { v.withLockedValue { $0 } }
-    func set() { v.withLockedValue { $0 = true } }
+/// `phones` phones on `air` (phone i at address 00:50:4C:00:00:i), each doing `rounds`
+/// logins, all at once; their results merged.
+func runPhones(_ phones: Int, rounds: Int, on air: SimulatedAir, boxKey: PublicKey) async -> LoadResult {
+    let identities = loadIdentities(phones)
+    return await withTaskGroup(of: LoadResult.self) { group in
+        for i in 0..<phones {
+            let central = air.central(DeviceAddress(String(format: "00:50:4C:00:00:%02X", i))!, at: 1)
+            group.addTask { await phoneLogins(index: i, identity: identities[i], boxKey: boxKey, radio: central, rounds: rounds) }
+        }
+        var all = LoadResult()
+        for await r in group { all.milliseconds += r.milliseconds; all.failures += r.failures }
+        return all
+    }
 }
 
 /// CPU seconds this process has used (user + system).
@@ -121,16 +130,7 @@ func loadPhonesMain() async throws {
     let air = try SocketAir(directory: value("--air"), parameters: loadParameters(fast: args.contains("--fast")))
     defer { air.shutdown() }
     let boxKey = try PublicKey(unhex(value("--box-key")) ?? [])
-    let identities = loadIdentities(phones)
-    let merged = await withTaskGroup(of: LoadResult.self) { group in
-        for i in 0..<phones {
-            let central = air.central(DeviceAddress(String(format: "00:50:4C:00:00:%02X", i))!, at: 1)
-            group.addTask { await phoneLogins(index: i, identity: identities[i], boxKey: boxKey, radio: central, rounds: rounds) }
-        }
-        var all = LoadResult()
-        for await r in group { all.milliseconds += r.milliseconds; all.failures += r.failures }
-        return all
-    }
+    let merged = await runPhones(phones, rounds: rounds, on: air.air, boxKey: boxKey)
     print(String(decoding: try JSONEncoder().encode(merged), as: UTF8.self))
 }
 
@@ -151,19 +151,18 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0, fast
     })
     try await bench.start()
     defer { bench.stop() }
-    let identities = loadIdentities(phones)
-    for (i, identity) in identities.enumerated() {
+    for (i, identity) in loadIdentities(phones).enumerated() {
         _ = await bench.box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: "load\(i)", name: "load \(i)")
     }
-    let stop = Flag()
+    let stop = NIOLockedValueBox(false)
     let counter = NIOLockedValueBox(0)
     let serving = Task { await servePrompts(bench.box, users: phones, until: stop, counter: counter) }
     try await Task.sleep(for: .milliseconds(100))
     let before = rssBytes()
-    let peak = Flag()
+    let peak = NIOLockedValueBox(false)
     let sampler = Task { () -> (peak: Int, warm: Int) in
         var top = 0, warm = 0
-        while !peak.value {
+        while !peak.withLockedValue({ $0 }) {
             let rss = rssBytes()
             top = max(top, rss)
             if warm == 0, counter.withLockedValue({ $0 }) >= warmup { warm = rss }
@@ -188,20 +187,11 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0, fast
         guard let r = try? JSONDecoder().decode(LoadResult.self, from: data) else { throw BenchError("load phones: \(String(decoding: data, as: UTF8.self))") }
         result = r
     } else {
-        result = await withTaskGroup(of: LoadResult.self) { group in
-            for i in 0..<phones {
-                let central = bench.air.central(DeviceAddress(String(format: "00:50:4C:00:00:%02X", i))!, at: 1)
-                let box = bench.box.identity.keyPair.publicKey
-                group.addTask { await phoneLogins(index: i, identity: identities[i], boxKey: box, radio: central, rounds: rounds) }
-            }
-            var all = LoadResult()
-            for await r in group { all.milliseconds += r.milliseconds; all.failures += r.failures }
-            return all
-        }
+        result = await runPhones(phones, rounds: rounds, on: bench.air, boxKey: bench.box.identity.keyPair.publicKey)
     }
     let cpu = processCPUSeconds() - cpu0
-    peak.set()
-    stop.set()
+    peak.withLockedValue { $0 = true }
+    stop.withLockedValue { $0 = true }
     let sampled = await sampler.value
     let pushes = await serving.value.reduce(0, +)
     return (result, pushes, cpu, (before, sampled.warm, sampled.peak, rssBytes()))

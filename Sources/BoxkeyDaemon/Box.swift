@@ -274,8 +274,7 @@ public actor Box {
             drop(id)
             return
         }
-        if !hadChannel, let channel = links[id]!.reassembler.channel,
-           links.contains(where: { $0.key != id && $0.value.reassembler.channel == channel }) {
+        if !hadChannel, let channel = links[id]!.reassembler.channel, channel.isHeld(byAnotherLinkThan: id, in: links) {
             // Anything sent on this channel would reach the other phone too: hang up without a word.
             audit.audit(.notice, .connectionRefused, "dropped \(id.address): channel \(channel) is another connection's")
             failedHandshakes.record(id.address, now: now)
@@ -364,7 +363,7 @@ public actor Box {
     private func send(_ envelopes: [[UInt8]], to id: CentralID) {
         guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel,
               // Whatever is said on a channel reaches every phone on it: never one another link holds.
-              !links.contains(where: { $0.key != id && $0.value.reassembler.channel == channel }) else { return }
+              !channel.isHeld(byAnotherLinkThan: id, in: links) else { return }
         guard link.subscribed else {
             guard link.unsent.count + envelopes.count <= 4 else {
                 logger.notice("\(id.address) did not subscribe to responses; dropping it")
@@ -1035,5 +1034,13 @@ enum Locality {
     static func isLocalDisplay(_ display: String) -> Bool {
         guard display.hasPrefix(":") else { return false }
         return display.dropFirst().allSatisfy { $0.isNumber || $0 == "." } && display.count > 1
+    }
+}
+
+extension FrameChannel {
+    /// Whether a link other than `id` (live or hung up on, until its disconnection arrives)
+    /// uses this channel.
+    fileprivate func isHeld(byAnotherLinkThan id: CentralID, in links: [CentralID: Box.PhoneLink]) -> Bool {
+        links.contains { $0.key != id && $0.value.reassembler.channel == self }
     }
 }

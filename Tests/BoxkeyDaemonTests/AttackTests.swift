@@ -17,14 +17,14 @@ import Testing
     struct RawPhone {
         let link: any CentralLink
         var events: AsyncStream<LinkEvent>.Iterator
-        var channel = FrameChannel.random()
+        let channel: FrameChannel
         var reassembler: FrameReassembler
 
-        static func connect(_ h: BoxHarness, _ n: UInt8) async throws -> RawPhone {
+        /// On a fresh channel, or on `channel` (a copy of another phone's).
+        static func connect(_ h: BoxHarness, _ n: UInt8, channel: FrameChannel = .random()) async throws -> RawPhone {
             let (_, central) = await h.phone(n)
             let link = try await central.connect(to: AttackTests.box, timeout: .seconds(5))
             try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
-            let channel = FrameChannel.random()
             return RawPhone(link: link, events: link.events.makeAsyncIterator(), channel: channel, reassembler: FrameReassembler(channel: channel))
         }
 
@@ -160,9 +160,7 @@ import Testing
             let key = h.box.identity.keyPair.publicKey
             var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
             var a = try await RawPhone.connect(h, 0x60)
-            var copycat = try await RawPhone.connect(h, 0x61)
-            copycat.channel = a.channel
-            copycat.reassembler = FrameReassembler(channel: a.channel)
+            var copycat = try await RawPhone.connect(h, 0x61, channel: a.channel)
             var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await advert(h))
             let first = try honest.start()
             try await a.send(first)
