@@ -94,16 +94,18 @@ def restart_bluetoothd(config=None, sig=signal.SIGTERM):
 
 
 def set_controllers(n):
-    """Replaces the lab's `btvirt -L -l2` with `btvirt -L -lN` (with the lab's shim), and
-    restarts bluetoothd over them. btvirt's controllers only hear each other inside one
-    process, so all N come from one; hci0 and hci1 keep their addresses."""
+    """Replaces the running btvirt with `btvirt -L -lN` (with the lab's shim), and restarts
+    bluetoothd over them. btvirt's controllers only hear each other inside one process, so all
+    N come from one; hci0 and hci1 keep their addresses. The btvirt is $BOXKEY_LAB_BTVIRT when
+    set (scripts/lab-test sets it to scripts/build-btvirt's, whose links keep their handles
+    apart: stock 5.66 mixes up the links of a controller that holds two)."""
     stop_all("bluetoothd")
     stop_all("btvirt")
     wait_for(lambda: not adapters(), what="the old controllers to go")
     env = dict(os.environ)
     if os.environ.get("BLELAB_SHIM") != "0":
         env["LD_PRELOAD"] = os.path.join(CACHE, "btvirt-shim.so")
-    subprocess.Popen(["btvirt", "-L", f"-l{n}"], env=env, stdout=open(os.path.join(LAB_LOGS, "btvirt.log"), "a"),
+    subprocess.Popen([os.environ.get("BOXKEY_LAB_BTVIRT", "btvirt"), "-L", f"-l{n}"], env=env, stdout=open(os.path.join(LAB_LOGS, "btvirt.log"), "a"),
                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     wait_for(lambda: len(adapters()) == n, what=f"btvirt's {n} controllers")
     start_bluetoothd()
@@ -165,3 +167,10 @@ def bluetoothd_config(request):
             yield conf.name
         finally:
             restart_bluetoothd()
+
+
+if __name__ == "__main__":
+    # `python3 Tests/lab/conftest.py N`: the lab set to N controllers before the test runs
+    # (scripts/lab-test swaps the lab's btvirt for the patched one this way).
+    import sys
+    set_controllers(int(sys.argv[1]))
