@@ -28,6 +28,9 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
         var applicationRegistered = false
         var advertising: AdvertisingData?
         var advertisementRegistered = false
+        /// A re-registration after a connection is running (`advertiseAgain`), and another is due.
+        var readvertising = false
+        var readvertiseWanted = false
         var localDisconnects: Set<String> = []
         var reasons: [String: DisconnectReason] = [:]
     }
@@ -126,6 +129,9 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
             try await BlueZ.retrying {
                 _ = try await bus.call(BlueZ.service, adapter.path, manager, member, [.objectPath(path), .vardict([:])], timeout: .seconds(10))
             }
+            state.withLockedValue { $0[keyPath: done] = true }
+        } catch let error as BusError where error.name == "org.bluez.Error.AlreadyExists" {
+            // Registered by a call that overlapped this one (advertiseAgain and a new nonce).
             state.withLockedValue { $0[keyPath: done] = true }
         } catch {
             throw BlueZ.radioError(error)
@@ -273,7 +279,41 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
             s.centrals[path] = Central(id: CentralID(address: a, connection: s.nextConnection))
             return s.centrals[path]!.id
         }
-        if let id { continuation.yield(.connected(id, mtu: 23)) }
+        guard let id else { return }
+        continuation.yield(.connected(id, mtu: 23))
+        Task { await advertiseAgain() }
+    }
+
+    /// Advertising stops when a central connects (the controller ends connectable advertising,
+    /// and the kernel restarts it only at the next disconnection), so while one phone holds
+    /// its presence link no other could find the box. Registering the advertisement again
+    /// starts it again; the box still turns away connections over its `max_connections`.
+    /// One re-registration at a time: connections that arrive meanwhile share the next one.
+    private func advertiseAgain() async {
+        let first = state.withLockedValue { s -> Bool in
+            guard s.advertising != nil else { return false }
+            s.readvertiseWanted = true
+            guard !s.readvertising else { return false }
+            s.readvertising = true
+            return true
+        }
+        guard first else { return }
+        while state.withLockedValue({ s -> Bool in
+            guard s.readvertiseWanted, s.advertising != nil, s.advertisementRegistered else { return false }
+            s.readvertiseWanted = false
+            return true
+        }) {
+            _ = try? await bus.call(BlueZ.service, adapter.path, BlueZ.advertisingManager, "UnregisterAdvertisement",
+                                    [.objectPath(Self.advertisementPath)], timeout: .seconds(5))
+            // stopAdvertising may have run meanwhile; then it stays unregistered.
+            guard state.withLockedValue({ s -> Bool in
+                guard s.advertising != nil else { return false }
+                s.advertisementRegistered = false
+                return true
+            }) else { break }
+            await reregister()
+        }
+        state.withLockedValue { $0.readvertising = false }
     }
 
     private func centralGone(_ path: String, reason fallback: DisconnectReason) {
