@@ -37,9 +37,9 @@ CASES = [pytest.param(fault, holding, id=f"{fault}-{'presence' if holding else '
          for fault in FAULTS for holding in (False, True)]
 
 
-# Unsettled: they passed in one lab run and failed in the next (CI, 2026-11-25: bluetoothd killed
-# with a presence link, then no later connect in that VM succeeded); run them with LAB_MARKERS="".
-@pytest.mark.unsettled
+# Before the lab's btvirt was patched (Tests/lab/btvirt/links.patch) these passed in one run and
+# broke the next: a phone reconnecting while the box's controller still held its old link got a
+# link whose two ends had different handles, and stock btvirt delivered its data to the old one.
 @pytest.mark.parametrize("fault, holding", CASES)
 def test_box_comes_back_and_never_leaves_a_session_unguarded(world, fault, holding):
     world.settings["presence"]["grace_s"] = GRACE_S
