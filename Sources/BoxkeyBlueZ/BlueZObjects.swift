@@ -240,7 +240,14 @@ public struct BlueZAdapter: Sendable, Hashable {
     static func choose(_ wanted: String?, in objects: BlueZObjects) async throws -> BlueZAdapter {
         let adapters = all(in: objects)
         if adapters.isEmpty, objects.objects(with: "org.bluez.AgentManager1").isEmpty {
-            throw RadioError.unavailable("bluetoothd is not running (no org.bluez on the system bus)")
+            // The first read's error was let pass (a box waits for bluetoothd); say what it was.
+            do { try await objects.reload() } catch {
+                throw RadioError.unavailable("cannot read bluetoothd's objects: \(BlueZ.radioError(error))")
+            }
+            if all(in: objects).isEmpty, objects.objects(with: "org.bluez.AgentManager1").isEmpty {
+                throw RadioError.unavailable("bluetoothd is not running (no org.bluez on the system bus)")
+            }
+            return try await choose(wanted, in: objects)
         }
         guard let adapter = wanted.map({ w in adapters.first { $0.name == w } }) ?? adapters.first else {
             let known = adapters.map(\.name).joined(separator: ", ")
