@@ -8,12 +8,13 @@ locked.
 bluetoothd is killed with SIGKILL, not stopped with SIGTERM: SIGTERM while an LE link is up
 makes the lab's 6.1 kernel oops (list_del corruption in hci_chan_del from l2cap_sock_release,
 as bluetoothd powers the adapters off on its way out), which poisons the VM for every later test."""
+import os
 import signal
 import time
 
 import pytest
 
-from conftest import btmgmt, drop_le_links, login, record_figures, restart_bluetoothd, stop_process, wait_for
+from conftest import LAB_LOGS, btmgmt, drop_le_links, login, pids, record_figures, restart_bluetoothd, stop_process, wait_for
 
 GRACE_S = 15  # long enough for the phone to find the box again after the fault (lab time)
 
@@ -68,9 +69,12 @@ def test_box_comes_back_and_never_leaves_a_session_unguarded(world, fault, holdi
             # (no keepalives) gets the session locked.
             phone.send_signal(signal.SIGKILL)
             wait_for(locked, timeout=15, what="LockSession after the re-attached phone died")
-        assert "walk-away lock" in world.box_output()
+        # The box logs the lock once logind has answered, a moment after the mock records it.
+        wait_for(lambda: "walk-away lock" in world.box_output(), what="the box logging its walk-away lock")
         stop_process(phone, signal.SIGKILL)  # not to race the login below for the link
 
+    # bluetoothd itself must still be there (the lab has no systemd to restart it again).
+    assert pids("bluetoothd"), "bluetoothd died after its restart:\n" + open(os.path.join(LAB_LOGS, "bluetoothd.log")).read()[-2000:]
     # The box advertises again: a scan finds it, and a login goes through.
     r = world.phone("scan", "--id", "4821", "--seconds", "60", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr + world.box_output()[-3000:]
