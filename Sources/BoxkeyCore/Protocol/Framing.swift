@@ -19,8 +19,11 @@ public struct FrameChannel: Hashable, Sendable, CustomStringConvertible {
 ///     fragment 0:   channel (4) | index (1) = 0 | total length (2, BE) | data
 ///     fragment i:   channel (4) | index (1) = i | data                      (i = 1 ... 127)
 ///
-/// BLE's link layer is reliable and in order, so the reassembler accepts only the next index:
-/// anything else means a broken or hostile peer and is an error, never silently repaired.
+/// BLE's link layer is reliable, but one message's fragments can arrive out of order: with
+/// Enhanced ATT, BlueZ spreads notifications and write commands over several bearers (each an
+/// L2CAP channel of its own) and the receiving bluetoothd reads them in whatever order its
+/// sockets wake. So the reassembler places fragments by index; a repeated index, more bytes
+/// than declared or a second fragment 0 means a broken or hostile peer and is an error.
 public enum Framing {
     public static let channelLength = 4
     /// Channel and index: the bytes every fragment starts with.
@@ -68,11 +71,8 @@ public enum Framing {
         case reservedIndex(UInt8)
         /// A first fragment too short to hold its length field.
         case truncatedHeader
-        /// A continuation arrived with no message in progress.
-        case unexpectedContinuation(index: UInt8)
-        /// The same fragment index arrived twice in a row.
+        /// The same fragment index arrived twice in one message.
         case duplicateFragment(index: UInt8)
-        case outOfOrder(expected: UInt8, got: UInt8)
         /// A new message started before the previous one was complete.
         case truncatedMessage(received: Int, declared: Int)
         /// The fragments carry more bytes than the first fragment declared.
@@ -122,9 +122,11 @@ public struct FrameReassembler: Sendable {
     /// Fragments passed over because they were on another channel.
     public private(set) var foreignFragments = 0
 
-    private var buffer: [UInt8] = []
-    private var declaredLength = 0
-    private var nextIndex: UInt8 = 0
+    /// The message in progress, by fragment index: fragments may arrive in any order (EATT).
+    private var pieces: [UInt8: ArraySlice<UInt8>] = [:]
+    private var receivedBytes = 0
+    /// From fragment 0; nil until it arrives.
+    private var declaredLength: Int?
     private var startedAt: Duration = .zero
     private var inProgress = false
 
@@ -164,9 +166,9 @@ public struct FrameReassembler: Sendable {
     }
 
     public mutating func reset() {
-        buffer.removeAll(keepingCapacity: false)
-        declaredLength = 0
-        nextIndex = 0
+        pieces.removeAll(keepingCapacity: false)
+        receivedBytes = 0
+        declaredLength = nil
         inProgress = false
     }
 
@@ -186,8 +188,13 @@ public struct FrameReassembler: Sendable {
         guard Int(index) < Framing.maxFragments else { throw .reservedIndex(index) }
         try checkTimeout(now: now)
 
+        if !inProgress {
+            inProgress = true
+            startedAt = now
+        }
+        let data: ArraySlice<UInt8>
         if index == 0 {
-            if inProgress { throw .truncatedMessage(received: buffer.count, declared: declaredLength) }
+            if let declaredLength { throw .truncatedMessage(received: receivedBytes, declared: declaredLength) }
             let s = fragment.startIndex
             guard fragment.count >= 3 else { throw .truncatedHeader }
             let length = Int(fragment[s + 1]) << 8 | Int(fragment[s + 2])
@@ -195,30 +202,32 @@ public struct FrameReassembler: Sendable {
             guard length <= maxMessageLength else { throw .messageTooLarge(length: length, limit: maxMessageLength) }
             guard fragment.count > 3 else { throw .emptyFragment }
             declaredLength = length
-            buffer.reserveCapacity(length)
-            startedAt = now
-            inProgress = true
-            nextIndex = 1
-            return try append(fragment[(s + 3)...])
+            data = fragment[(s + 3)...]
+        } else {
+            guard pieces[index] == nil else { throw .duplicateFragment(index: index) }
+            guard fragment.count > 1 else { throw .emptyFragment }
+            data = fragment[(fragment.startIndex + 1)...]
         }
-
-        guard inProgress else { throw .unexpectedContinuation(index: index) }
-        if index == nextIndex &- 1 { throw .duplicateFragment(index: index) }
-        guard index == nextIndex else { throw .outOfOrder(expected: nextIndex, got: index) }
-        guard fragment.count > 1 else { throw .emptyFragment }
-        nextIndex &+= 1
-        return try append(fragment[(fragment.startIndex + 1)...])
-    }
-
-    private mutating func append(_ data: ArraySlice<UInt8>) throws(Framing.Error) -> [UInt8]? {
-        guard buffer.count + data.count <= declaredLength else { throw .overrun(declared: declaredLength) }
-        buffer += data
-        if buffer.count == declaredLength {
-            let message = buffer
-            reset()
-            return message
+        pieces[index] = data
+        receivedBytes += data.count
+        guard let declared = declaredLength else {
+            // Continuations ahead of their fragment 0 are held, as much as one message can be.
+            guard receivedBytes <= maxMessageLength else { throw .messageTooLarge(length: receivedBytes, limit: maxMessageLength) }
+            return nil
         }
-        guard Int(nextIndex) < Framing.maxFragments else { throw .tooManyFragments }
-        return nil
+        guard receivedBytes <= declared else { throw .overrun(declared: declared) }
+        guard receivedBytes == declared else {
+            // Every index is in and bytes are still missing: it can never complete.
+            guard pieces.count < Framing.maxFragments else { throw .tooManyFragments }
+            return nil
+        }
+        // Every byte is in: the indices must be 0 ..< count, since a missing fragment would be
+        // at least one byte more than declared.
+        guard pieces.keys.max()! == UInt8(pieces.count - 1) else { throw .overrun(declared: declared) }
+        var message: [UInt8] = []
+        message.reserveCapacity(declared)
+        for i in 0..<UInt8(pieces.count) { message += pieces[i]! }
+        reset()
+        return message
     }
 }
