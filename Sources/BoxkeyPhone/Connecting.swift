@@ -18,6 +18,13 @@ extension Phone {
 
     public static let searchTime: Duration = .seconds(10)
 
+    /// A connection whose GATT setup failed (a Bluetooth stack's error, a request never
+    /// answered) is tried once more on a new connection, as phone apps do: nothing secret has
+    /// moved before the Noise channel opens. Seen in the lab over BlueZ 5.66 with Enhanced ATT,
+    /// about one connection in eight at MTU 48: a response sent on another bearer than its
+    /// request, and the request waiting until the box dropped the link.
+    public static let connectionAttempts = 2
+
     /// Opens a channel to paired box `id`, recording where it was heard.
     public mutating func connect(to id: BoxID, radio: any CentralRadio, searchTime: Duration = Phone.searchTime,
                                  progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> BoxLink {
@@ -40,6 +47,8 @@ extension Phone {
                 return try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: radio)
             } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
                 continue  // the nonce rotated while connecting: once more with a fresh one
+            } catch BoxLink.Failure.radio where attempts < Self.connectionAttempts {
+                continue
             } catch {
                 throw failure(error, box: id)
             }

@@ -12,18 +12,22 @@ extension Phone {
         }
         let heard = try await find(id, pinned: nil, radio: radio, searchTime: Self.searchTime, progress: progress)
         // The key Info claims is unauthenticated; the handshake under the code proves it.
-        let info: BoxInfo, link: BoxLink
-        do {
-            (info, link) = try await BoxLink.openForPairing(to: heard, identity: identity, radio: radio, code: code) { info in
-                guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
+        var opened: (BoxInfo, BoxLink)?
+        for attempt in 1...Self.connectionAttempts where opened == nil {
+            do {
+                opened = try await BoxLink.openForPairing(to: heard, identity: identity, radio: radio, code: code) { info in
+                    guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
+                }
+            } catch let f as PhoneFailure {
+                throw f
+            } catch BoxLink.Failure.radio(let s) {
+                if attempt < Self.connectionAttempts { continue }
+                throw PhoneFailure(.radioUnavailable, tr("cannot pair with box {box}: {why}", ("box", id), ("why", s)))
+            } catch {
+                throw failure(error, box: id)
             }
-        } catch let f as PhoneFailure {
-            throw f
-        } catch BoxLink.Failure.radio(let s) {
-            throw PhoneFailure(.radioUnavailable, tr("cannot pair with box {box}: {why}", ("box", id), ("why", s)))
-        } catch {
-            throw failure(error, box: id)
         }
+        let (info, link) = opened!
         do {
             try await link.send(.pair)
             guard case .actionResult(let r) = try await link.next(timeout: .seconds(10)), r.action == .pair, r.outcome == .done else {
