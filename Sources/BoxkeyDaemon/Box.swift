@@ -17,12 +17,16 @@ enum RadioAction: Sendable {
 /// bridge to write straight into the socket buffer), or why none came.
 public enum PromptAnswer: Sendable {
     case push(user: String, password: SecureBytes, ticket: String)
+    /// Key mode: no password; the module's `key` line decides.
+    case keyLogin(user: String, ticket: String)
     case noPush(PAMReply.NoPushReason)
 
     /// The pushed user, if a push came.
     public var pushedUser: String? {
-        if case .push(let user, _, _) = self { return user }
-        return nil
+        switch self {
+        case .push(let user, _, _), .keyLogin(let user, _): user
+        case .noPush: nil
+        }
     }
 }
 
@@ -468,12 +472,35 @@ public actor Box {
             finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
         }
+        if push.isKeyLogin {
+            // The phone's enrolled key is all a key login has: never a pending phone's, and
+            // only for users the box puts in key mode.
+            guard enrolledFor.contains(user) else {
+                audit.audit(.notice, .pushRefused, "refused key login: \(who): a key login needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
+                finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
+                return
+            }
+            guard config.loginMode(for: user) == .key else {
+                audit.audit(.notice, .pushRefused, "refused key login: \(who): the box is in password mode for this user", phone: phone.fingerprint, user: user)
+                finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) does not take key logins for \(user): store the password on the phone"), now: now)
+                return
+            }
+        }
         if rejectedByUser.isLimited(user, now: now) {
             audit.audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes for this user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"), now: now)
             return
         }
         switch prompts.choose(for: user) {
+        case .prompt(let promptID) where push.isKeyLogin && !config.keyServices.contains(prompts[promptID]!.request.service):
+            let service = prompts[promptID]!.request.service
+            audit.audit(.notice, .pushRefused, "refused key login: \(who): \(logSafe(service)) does not take key logins ([login] key_services)", phone: phone.fingerprint, user: user, service: service)
+            finishLogin(on: id, LoginResult(.rejected, reason: "the box's \(service) prompt does not take key logins"), now: now)
+        case .none where config.logindUnlock && push.isKeyLogin:
+            // Unlocking through logind checks the password with the box's own service; a key
+            // login has none to check.
+            audit.audit(.notice, .pushRefused, "refused key login: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
         case .none where config.logindUnlock:
             links[id]?.prompt = nil
             Task { await self.unlockThroughLogind(push, phone: phone, on: id) }
@@ -494,8 +521,9 @@ public actor Box {
                                                  name: push.deviceName, ticket: ticket)
             prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
-            audit.audit(.info, .loginAttempt, "login attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
-            waiters.removeValue(forKey: promptID)?.resume(returning: .push(user: user, password: push.password, ticket: ticket))
+            audit.audit(.info, .loginAttempt, "\(push.isKeyLogin ? "key login" : "login") attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
+            let answer: PromptAnswer = push.isKeyLogin ? .keyLogin(user: user, ticket: ticket) : .push(user: user, password: push.password, ticket: ticket)
+            waiters.removeValue(forKey: promptID)?.resume(returning: answer)
             readvertise()
         }
     }
@@ -983,7 +1011,9 @@ public actor Box {
                 .sorted { $0.id < $1.id },
             presence: presences.values.map { .init(user: $0.user, phone: $0.phone.fingerprint) }.sorted { $0.user < $1.user },
             grace: graces.values.map(\.user).sorted(),
-            enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count)
+            enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count,
+            login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(),
+                         keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()))
     }
 
     private func wakeTimers() {

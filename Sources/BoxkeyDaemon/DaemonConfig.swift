@@ -7,6 +7,11 @@ import FoundationEssentials
 public struct DaemonConfig: Sendable, Equatable {
     public typealias RadioBackend = RadioChoice.Backend
     public enum Policy: String, Sendable { case lock, logout, none }
+    /// How a phone logs a user in (docs/login-modes.md). `password`: the phone pushes the
+    /// user's password and the site's PAM stack verifies it. `key`: an enrolled phone's
+    /// authenticated, intended login is enough, in `keyServices`, through a `pam_boxkey.so key`
+    /// stack line; no password is stored anywhere.
+    public enum LoginMode: String, Sendable { case password, key }
 
     // [box]
     public var boxID: BoxID?
@@ -58,6 +63,17 @@ public struct DaemonConfig: Sendable, Equatable {
     /// confirms a pending phone's pushed password before enrolling it, and verifies pushes for
     /// screen lockers that run as the user (`[unlock]`).
     public var verifyService = "boxkey-verify"
+    // [login]
+    public var loginMode: LoginMode = .password
+    /// Users who log in in key mode whatever `loginMode` says.
+    public var keyUsers: Set<String> = []
+    /// Services where a key login may succeed (and phone login is offered at all: `[pam]
+    /// services`). Greeters and lockers by default; the PAM line (`key`) is the second gate.
+    public var keyServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
+
+    /// The mode `user` logs in with.
+    public func loginMode(for user: String) -> LoginMode { keyUsers.contains(user) ? .key : loginMode }
+
     // [unlock]
     /// Screen lockers that run as the user cannot reach the root-only socket. With this on, a
     /// push that finds no prompt but one locked local session of that user is verified through
@@ -148,7 +164,20 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         var c = DaemonConfig()
         let reader = Reader(source: source)
-        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock"])
+        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login"])
+        if let t = try reader.section(table, "login", keys: ["mode", "key_users", "key_services"]) {
+            if let m = try reader.string(t, "mode") {
+                guard let mode = LoginMode(rawValue: m) else { throw reader.error(t["mode"]!.line, "[login] mode must be password or key") }
+                c.loginMode = mode
+            }
+            if let users = try reader.strings(t, "key_users", what: "user names") {
+                if let bad = users.first(where: { $0.isEmpty || $0.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 0x20 || $0 == 0x7f } == true }) }) {
+                    throw reader.error(t["key_users"]!.line, "[login] key_users: \"\(logSafe(bad))\" is not a user name")
+                }
+                c.keyUsers = Set(users)
+            }
+            c.keyServices = try reader.services(t, "key_services") ?? c.keyServices
+        }
         if let t = try reader.section(table, "unlock", keys: ["logind_unlock"]) {
             c.logindUnlock = try reader.bool(t, "logind_unlock") ?? c.logindUnlock
         }
@@ -206,14 +235,7 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "services", "verify_service"]) {
             c.verifyService = try reader.string(t, "verify_service") ?? c.verifyService
-            if let names = try reader.strings(t, "services", what: "PAM service names") {
-                // A service is a file name in /etc/pam.d.
-                let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
-                if let bad = names.first(where: { $0.isEmpty || $0.hasPrefix(".") || !$0.allSatisfy(allowed.contains) }) {
-                    throw reader.error(t["services"]!.line, "[pam] services: \"\(logSafe(bad))\" is not a PAM service name")
-                }
-                c.phoneLoginServices = Set(names)
-            }
+            c.phoneLoginServices = try reader.services(t, "services") ?? c.phoneLoginServices
             c.pamSocket = try reader.string(t, "socket") ?? c.pamSocket
             if let uids = t["allowed_uids"] {
                 let bad = reader.error(uids.line, "[pam] allowed_uids must be a list of user IDs (0 to 4294967294)")
@@ -262,6 +284,15 @@ public struct DaemonConfig: Sendable, Equatable {
                 guard case .string(let x) = v else { throw error(e.line, "[\(t.name)] \(k) must be a list of \(what)") }
                 return x
             }
+        }
+        /// PAM service names: each a file name in /etc/pam.d.
+        func services(_ t: ConfigFile.Section, _ k: String) throws -> Set<String>? {
+            guard let names = try strings(t, k, what: "PAM service names") else { return nil }
+            let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
+            if let bad = names.first(where: { $0.isEmpty || $0.hasPrefix(".") || !$0.allSatisfy(allowed.contains) }) {
+                throw error(t[k]!.line, "[\(t.name)] \(k): \"\(logSafe(bad))\" is not a PAM service name")
+            }
+            return Set(names)
         }
         func int(_ t: ConfigFile.Section, _ k: String, _ range: ClosedRange<Int>) throws -> Int? {
             guard let e = t[k] else { return nil }

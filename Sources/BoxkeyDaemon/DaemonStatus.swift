@@ -36,6 +36,15 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
     public var grace: [String]
     public var enrolledPhones: Int
     public var revokedPhones: Int
+    public struct LoginModes: Codable, Sendable, Equatable {
+        /// The box's mode (`[login] mode`): "password" or "key".
+        public var mode: String
+        /// Users in key mode whatever the box's mode is.
+        public var keyUsers: [String]
+        /// Services where a key login may succeed.
+        public var keyServices: [String]
+    }
+    public var login: LoginModes
 
     /// For people: one line per field, "none" where a list is empty, phone-supplied text escaped.
     public var text: String {
@@ -55,7 +64,9 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             "sessions:    \(list(sessions.map { "\($0.id) (\($0.user), \($0.place))" }))",
             "presence:    \(list(presence.map { "\($0.user) (phone \($0.phone))" }))",
             "phones:      \(enrolledPhones) enrolled, \(revokedPhones) revoked",
+            "login mode:  \(login.mode)\(login.keyUsers.isEmpty || login.mode == "key" ? "" : "; key mode for \(list(login.keyUsers))")",
         ]
+        if login.mode == "key" || !login.keyUsers.isEmpty { lines.append("key logins:  in \(list(login.keyServices))") }
         if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
         return lines.joined(separator: "\n")
     }

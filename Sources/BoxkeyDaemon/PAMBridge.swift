@@ -91,6 +91,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
                             try await outbound.write(ByteBuffer(bytes: reply.encode()))
                         case .answer(.noPush(let reason)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+                        case .answer(.keyLogin(let user, let ticket)):
+                            try await outbound.write(ByteBuffer(bytes: PAMReply.keyLogin(user: user, ticket: ticket).encode()))
                         case .answer(.push(let user, let password, let ticket)):
                             try await writePush(user: user, password: password, ticket: ticket, to: channel)
                         }

@@ -136,6 +136,9 @@ public enum PAMReply: Equatable, Sendable {
     /// A phone pushed credentials. The password bytes are the caller's to wipe. `ticket`
     /// names this push when the session opens (`openSession`).
     case push(user: String, password: [UInt8], ticket: String)
+    /// Key mode: an enrolled phone asked to log `user` in on its key alone, and this service
+    /// takes key logins. Only a module line with the `key` option returns success for it.
+    case keyLogin(user: String, ticket: String)
     /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok
@@ -145,7 +148,7 @@ public enum PAMReply: Equatable, Sendable {
 
     public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
 
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87 }
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88 }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -153,6 +156,7 @@ public enum PAMReply: Equatable, Sendable {
         case .prompt(let id, let fp, let code, let seconds): w.kind(Kind.prompt.rawValue); w.text(id); w.text(fp); w.text(code); w.u32(seconds)
         case .notOffered(let why): w.kind(Kind.notOffered.rawValue); w.text(why)
         case .push(let user, let password, let ticket): w.kind(Kind.push.rawValue); w.text(user); w.secret(password); w.text(ticket)
+        case .keyLogin(let user, let ticket): w.kind(Kind.keyLogin.rawValue); w.text(user); w.text(ticket)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
@@ -195,6 +199,10 @@ public enum PAMReply: Equatable, Sendable {
             let password = try r.secret()
             guard !user.isEmpty, !password.isEmpty, !password.contains(0) else { throw .invalidText }
             reply = .push(user: user, password: password, ticket: try r.text())
+        case .keyLogin:
+            let user = try r.text()
+            guard !user.isEmpty else { throw .invalidText }
+            reply = .keyLogin(user: user, ticket: try r.text())
         case .noPush:
             let v = try r.u8()
             guard let reason = NoPushReason(rawValue: v) else { throw .invalidValue(v) }

@@ -11,6 +11,8 @@ extension Boxkey {
         struct Set: AsyncParsableCommand {
             static let configuration = CommandConfiguration(abstract: "Store user and password (the password is read without echo, or from standard input).")
             @Option(help: "The user name (asked for when missing).") var user: String?
+            @Flag(help: "Store no password: log in on this phone's enrolled key alone, at boxes in key mode for you (docs/login-modes.md).")
+            var keyOnly = false
             func run() async throws {
                 try await Terminal.run {
                     let phone = try Phone.open()
@@ -23,15 +25,19 @@ extension Boxkey {
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
                         throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
                     }
-                    let password = Terminal.readSecret(tr("Password: "))
-                    guard password.count > 0 else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
+                    let password = keyOnly ? SecureBytes(count: 0) : Terminal.readSecret(tr("Password: "))
+                    guard password.count > 0 || keyOnly else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
                     var pin: SecureBytes?
                     if vault.hasPIN, !vault.isWiped {
                         pin = try Terminal.readPIN()
                         do { try vault.verify(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
                     }
                     do { try vault.store(user: name, password: password, pin: pin) } catch { throw PhoneFailure(.failure, "\(error)") }
-                    Terminal.say(pin == nil ? tr("Credentials for {user} stored.", ("user", name)) : tr("Credentials for {user} stored behind your PIN.", ("user", name)))
+                    if keyOnly {
+                        Terminal.say(tr("User {user} stored with no password: key logins only.", ("user", name)))
+                    } else {
+                        Terminal.say(pin == nil ? tr("Credentials for {user} stored.", ("user", name)) : tr("Credentials for {user} stored behind your PIN.", ("user", name)))
+                    }
                 }
             }
         }

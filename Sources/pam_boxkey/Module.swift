@@ -132,6 +132,9 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
         let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        if case .keyLogin(let user, let ticket) = reply {
+            return keyLogin(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
+        }
         guard case .push(let user, let password, let ticket) = reply else {
             if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
             try? client.send(.cancel)
@@ -167,6 +170,35 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
         return stepAside()
     }
+}
+
+/// Key mode: the daemon vouches that an enrolled phone asked, with its person's intent, to log
+/// `user` in here. Success, and the stack's end result goes back to the phone as for a push;
+/// nil: refused, step aside to the password prompt.
+private func keyLogin(user: String, ticket: String, expected: String, client: PAMSocketClient, pamh: PAMHandle, options: ModuleOptions) -> Int32? {
+    guard options.keyLogins else {
+        pamh.log(LOG_NOTICE, "refusing a key login: this stack line has no `key` option")
+        try? client.send(.reportOutcome(.rejected, reason: "this login stack does not take key logins"))
+        return nil
+    }
+    if !expected.isEmpty, expected != user {
+        pamh.log(LOG_NOTICE, "refusing a key login for another user: this prompt is for \(expected)")
+        try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
+        return nil
+    }
+    guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS else {
+        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
+        return PAM_SYSTEM_ERR
+    }
+    let pending = PendingLogin(client: client, debug: options.debug, raw: pamh.raw, ticket: ticket)
+    pending.hookVerdict()
+    let stored = Unmanaged.passRetained(pending).toOpaque()
+    guard pam_set_data(pamh.raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
+        Unmanaged<PendingLogin>.fromOpaque(stored).release()
+        return PAM_SYSTEM_ERR
+    }
+    pamh.log(LOG_INFO, "key login from an enrolled phone for \(user)")
+    return PAM_SUCCESS
 }
 
 /// At pam_end (or when a retry replaces the data): reports the stack's final status if the

@@ -17,6 +17,10 @@ struct ModuleOptions {
     /// (pam_sss, pam_krb5, pam_ldap), which never ask: without this they would fail every
     /// password login. The pam-auth-update profile sets it.
     var askPassword = false
+    /// Key mode: return PAM_SUCCESS for a key login the daemon hands over (an enrolled phone,
+    /// a user and service the box puts in key mode), so the line must be `sufficient` or
+    /// `[success=done ...]`. Without it a key login is refused here.
+    var keyLogins = false
     var unknown: [String] = []
 
     static let minimumTimeout = 5
@@ -39,6 +43,8 @@ struct ModuleOptions {
                 ignoreUnavailable = true
             } else if arg == "answer_prompt" {
                 answerPrompt = true
+            } else if arg == "key" {
+                keyLogins = true
             } else if arg == "ask_password" {
                 askPassword = true
             } else {

@@ -49,6 +49,20 @@ import Testing
             try DaemonConfig.parse("[pam]\nservices = \"login\"")
         }
     }
+
+    @Test func loginModesPerBoxAndPerUser() throws {
+        let defaults = DaemonConfig()
+        #expect(defaults.loginMode == .password && defaults.loginMode(for: "alice") == .password)
+        let c = try DaemonConfig.parse("[login]\nkey_users = [\"alice\"]\nkey_services = [\"gdm-password\"]")
+        #expect(c.loginMode(for: "alice") == .key && c.loginMode(for: "bob") == .password)
+        #expect(c.keyServices == ["gdm-password"])
+        #expect(try DaemonConfig.parse("[login]\nmode = \"key\"").loginMode(for: "bob") == .key)
+        #expect(throws: DaemonConfig.Error("config line 2: [login] mode must be password or key")) { try DaemonConfig.parse("[login]\nmode = \"none\"") }
+        #expect(throws: DaemonConfig.Error("config line 2: [login] key_users: \"a b\" is not a user name")) { try DaemonConfig.parse("[login]\nkey_users = [\"a b\"]") }
+        #expect(throws: DaemonConfig.Error("config line 2: [login] key_services: \"../sudo\" is not a PAM service name")) {
+            try DaemonConfig.parse("[login]\nkey_services = [\"../sudo\"]")
+        }
+    }
 }
 
 /// The syntax of boxkeyd.conf on its own: what TOML allows in a flat file parses as TOML says,

@@ -106,7 +106,7 @@ public enum AppMessage: Sendable {
             let user = try reader.shortText(field: "user", limit: CredentialPush.maxUserLength)
             guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
             let passwordLength = Int(try reader.u8()) << 8 | Int(try reader.u8())
-            guard passwordLength > 0 else { throw .fieldEmpty(field: "password") }
+            // 0: a key login (the phone holds no password; `CredentialPush.isKeyLogin`).
             guard passwordLength <= CredentialPush.maxPasswordLength else {
                 throw .fieldTooLong(field: "password", length: passwordLength, limit: CredentialPush.maxPasswordLength)
             }
@@ -160,8 +160,12 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
     public static let maxEncodedLength = 1 + 1 + maxUserLength + 2 + maxPasswordLength + 1 + maxDeviceNameLength
 
     public let user: String
+    /// Empty for a key login: the phone asks to be let in on its enrolled key and the person's
+    /// intent alone, which a box takes only in key mode (docs/login-modes.md).
     public let password: SecureBytes
     public let deviceName: String
+
+    public var isKeyLogin: Bool { password.count == 0 }
 
     public init(user: String, password: SecureBytes, deviceName: String) {
         self.user = user
@@ -174,7 +178,6 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
         guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
         guard user.utf8.count <= Self.maxUserLength else { throw .fieldTooLong(field: "user", length: user.utf8.count, limit: Self.maxUserLength) }
         guard isPrintable(user) else { throw .invalidText(field: "user") }
-        guard password.count > 0 else { throw .fieldEmpty(field: "password") }
         guard password.count <= Self.maxPasswordLength else { throw .fieldTooLong(field: "password", length: password.count, limit: Self.maxPasswordLength) }
         guard !password.withUnsafeBytes({ $0.contains(0) }) else { throw .invalidText(field: "password") }
         guard deviceName.utf8.count <= Self.maxDeviceNameLength else { throw .fieldTooLong(field: "deviceName", length: deviceName.utf8.count, limit: Self.maxDeviceNameLength) }

@@ -1,0 +1,18 @@
+import BoxkeyPAMWire
+import Testing
+
+/// The daemon-to-module replies that decide a login: exact, and a key login names a user.
+@Suite struct PAMWireTests {
+    func decode(_ frame: [UInt8]) throws -> PAMReply { try PAMReply.decode(Array(frame.dropFirst(2))) }
+
+    @Test func aKeyLoginRoundTripsAndCarriesNoPassword() throws {
+        let reply = PAMReply.keyLogin(user: "alice", ticket: "t1")
+        #expect(try decode(reply.encode()) == reply)
+        #expect(try decode(PAMReply.push(user: "alice", password: Array("pw".utf8), ticket: "t1").encode()) != reply)
+    }
+
+    @Test func aKeyLoginForNobodyOrWithTrailingBytesIsRefused() {
+        #expect(throws: PAMWire.DecodeError.invalidText) { try decode(PAMReply.keyLogin(user: "", ticket: "t").encode()) }
+        #expect(throws: PAMWire.DecodeError.trailingBytes) { try PAMReply.decode(Array(PAMReply.keyLogin(user: "a", ticket: "t").encode().dropFirst(2)) + [0]) }
+    }
+}

@@ -1,0 +1,124 @@
+"""Login modes (docs/login-modes.md): key mode, where an enrolled phone's intended login is
+enough and no password is stored anywhere, and the refusals that keep it to the boxes, users,
+services and PAM lines an admin chose. Every refusal leaves the password prompt working."""
+import json
+import os
+
+import pytest
+
+from conftest import PASSWORD
+
+
+def key_stack(world, options="timeout=20 key"):
+    """The key-mode PAM line (`sufficient`: the module's success ends auth), then the password."""
+    return [f"auth sufficient {world.bins['module']} socket={world.socket} {options}", world.matrix_line()]
+
+
+def enrol_key_only(world, enrol=True):
+    """A phone paired under an admin's code for alice, holding her user name and no password."""
+    r = world.pair(world.pairing_code("alice" if enrol else None))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = world.phone("credentials", "set", "--user", "alice", "--key-only")
+    assert r.returncode == 0 and "no password" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.both_radios
+def test_key_mode_logs_in_with_no_password_anywhere(world):
+    world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
+    world.start_box()
+    enrol_key_only(world)
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session", auth=key_stack(world))
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Logged in to box 4821 as alice" in r.stdout
+    assert code == 0 and "successfully authenticated" in out, out
+    assert "Password:" not in out  # pam_matrix never ran: nobody typed or pushed a password
+    box = world.box_output()
+    assert "key login attempt: phone" in box and "login accepted" in box
+    # The session opened is bound to the phone, as after a password push.
+    assert "registered by boxkey-test for phone" in box
+    # The box stores no password: nothing under its state directory holds alice's.
+    for root, _, files in os.walk(world.settings["box"]["state_directory"]):
+        for name in files:
+            assert PASSWORD.encode() not in open(os.path.join(root, name), "rb").read()
+    status = json.loads(world.admin("status", "--json").stdout)
+    assert status["login"] == {"mode": "key", "keyUsers": [], "keyServices": ["boxkey-test"]}
+    assert "login mode:  key" in world.admin("status").stdout
+
+
+def test_key_login_is_refused_in_password_mode_and_the_prompt_still_works(world):
+    world.start_box()  # [login] mode defaults to password
+    enrol_key_only(world)
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "does not take key logins for alice" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out  # typed at the keyboard
+    assert "refused key login" in world.box_output() and "key login attempt" not in world.box_output()
+
+
+def test_key_users_put_one_user_in_key_mode(world):
+    world.settings["login"] = {"key_users": ["alice"], "key_services": ["boxkey-test"]}
+    world.start_box()
+    enrol_key_only(world)
+    greeter = world.greeter(auth=key_stack(world))
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode == 0 and code == 0, r.stderr + out
+    assert "key mode for alice" in world.admin("status").stdout
+
+
+def test_a_pam_line_without_the_key_option_refuses_a_key_login(world):
+    """The box says yes, the stack's line does not: the module never returns success for a key
+    login unless its line says `key`, and the person gets the password prompt at once."""
+    world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
+    world.start_box()
+    enrol_key_only(world)
+    greeter = world.greeter(stdin=PASSWORD + "\n", auth=key_stack(world, options="timeout=20"))
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "does not take key logins" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out  # the typed password, after the refusal
+    assert "login rejected" in world.box_output()
+
+
+def test_a_service_outside_key_services_refuses_a_key_login(world):
+    world.settings["login"] = {"mode": "key", "key_services": ["login"]}
+    world.start_box()
+    enrol_key_only(world)
+    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "prompt does not take key logins" in r.stderr, r.stdout + r.stderr
+    assert code == 0, out
+    assert "does not take key logins ([login] key_services)" in world.box_output()
+
+
+def test_a_phone_not_yet_enrolled_cannot_key_login(world):
+    """A pending phone (paired under a code that names no user) is enrolled by its first accepted
+    password; with no password it has nothing to prove, so key mode refuses it."""
+    world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
+    world.start_box()
+    enrol_key_only(world, enrol=False)
+    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "not enrolled for alice" in r.stderr, r.stdout + r.stderr
+    assert code == 0, out
+    assert "a key login needs a phone enrolled for that user" in world.box_output()
+
+
+def test_a_revoked_phone_cannot_key_login(world):
+    world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
+    world.start_box()
+    enrol_key_only(world)
+    fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
+    assert world.admin("phones", "revoke", fingerprint).returncode == 0
+    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert code == 0, out
+    assert "key login attempt" not in world.box_output()
