@@ -19,12 +19,15 @@ public enum PromptAnswer: Sendable {
     case push(user: String, password: SecureBytes, ticket: String)
     /// Key mode: no password; the module's `key` line decides.
     case keyLogin(user: String, ticket: String)
+    /// Escrow mode, no sealed copy yet: the module asks the person for the password, and sends
+    /// it once the stack accepted it.
+    case escrowCapture(user: String, ticket: String)
     case noPush(PAMReply.NoPushReason)
 
     /// The pushed user, if a push came.
     public var pushedUser: String? {
         switch self {
-        case .push(let user, _, _), .keyLogin(let user, _): user
+        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
         case .noPush: nil
         }
     }
@@ -50,6 +53,7 @@ public actor Box {
     private(set) var config: DaemonConfig
     public nonisolated let identity: BoxIdentity
     var registry: PhoneRegistry
+    var escrow: EscrowStore
     let sessions: any SessionControl
     let clock: any RadioClock
     let logger: Logger
@@ -125,10 +129,11 @@ public actor Box {
         var reason: String
     }
 
-    public init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, sessions: any SessionControl,
+    public init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, escrow: EscrowStore? = nil, sessions: any SessionControl,
                 clock: any RadioClock, logger: Logger, radioDescription: String,
                 userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID) {
         self.userID = userID
+        self.escrow = escrow ?? EscrowStore(path: config.stateDirectory + "/escrow.json")
         self.config = config
         self.identity = identity
         self.registry = registry
@@ -472,17 +477,20 @@ public actor Box {
             finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
         }
-        if push.isKeyLogin {
-            // The phone's enrolled key is all a key login has: never a pending phone's, and
-            // only for users the box puts in key mode.
+        let kind = push.kind
+        if kind != .password {
+            // A key or escrow login has no password the box could check a pending phone by:
+            // only an enrolled phone, and only for users the box puts in that mode.
+            let name = kind == .key ? "key login" : "escrow login"
             guard enrolledFor.contains(user) else {
-                audit.audit(.notice, .pushRefused, "refused key login: \(who): a key login needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
+                audit.audit(.notice, .pushRefused, "refused \(name): \(who): a \(name) needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
                 finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
                 return
             }
-            guard config.loginMode(for: user) == .key else {
-                audit.audit(.notice, .pushRefused, "refused key login: \(who): the box is in password mode for this user", phone: phone.fingerprint, user: user)
-                finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) does not take key logins for \(user): store the password on the phone"), now: now)
+            let mode = config.loginMode(for: user)
+            guard mode == (kind == .key ? .key : .escrow) else {
+                audit.audit(.notice, .pushRefused, "refused \(name): \(who): the box is in \(mode) mode for this user", phone: phone.fingerprint, user: user)
+                finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) does not take \(name)s for \(user) (it is in \(mode) mode)"), now: now)
                 return
             }
         }
@@ -492,13 +500,13 @@ public actor Box {
             return
         }
         switch prompts.choose(for: user) {
-        case .prompt(let promptID) where push.isKeyLogin && !config.keyServices.contains(prompts[promptID]!.request.service):
+        case .prompt(let promptID) where kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
             let service = prompts[promptID]!.request.service
             audit.audit(.notice, .pushRefused, "refused key login: \(who): \(logSafe(service)) does not take key logins ([login] key_services)", phone: phone.fingerprint, user: user, service: service)
             finishLogin(on: id, LoginResult(.rejected, reason: "the box's \(service) prompt does not take key logins"), now: now)
-        case .none where config.logindUnlock && push.isKeyLogin:
-            // Unlocking through logind checks the password with the box's own service; a key
-            // login has none to check.
+        case .none where config.logindUnlock && kind != .password:
+            // Unlocking through logind checks a pushed password with the box's own service; key
+            // and escrow logins go to prompts only.
             audit.audit(.notice, .pushRefused, "refused key login: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
         case .none where config.logindUnlock:
@@ -514,15 +522,46 @@ public actor Box {
             audit.audit(.notice, .pushRefused, "refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
         case .prompt(let promptID):
+            // Escrow: the sealed copy opens with the phone's secret, or the person types the
+            // password at this prompt to make one.
+            var password = push.password
+            var escrowUse: PromptTable.Escrow?
+            if kind == .escrow, let secret = push.escrowSecret {
+                if let sealed = escrow.sealed(phone: phone, user: user) {
+                    do {
+                        password = try EscrowSeal.open(sealed, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: phone, user: user)
+                        escrowUse = .opened
+                    } catch {
+                        // Not this phone's secret any more (the phone set a new one): the copy is useless.
+                        try? escrow.destroy(phone: phone.fingerprint, user: user)
+                        recordRejection(phone, user: user, now: now)
+                        audit.audit(.notice, .pushRefused, "refused escrow login: \(who): the sealed password does not open with the phone's secret; destroyed it", phone: phone.fingerprint, user: user)
+                        finishLogin(on: id, LoginResult(.rejected, reason: "the box's sealed copy does not open with this phone's secret: log in again with the password typed at the box, this phone near"), now: now)
+                        return
+                    }
+                } else {
+                    escrowUse = .capture(secret: secret)
+                }
+            }
             let ticket = registered.issueTicket(phone: phone, user: user, now: now)
             prompts[promptID]!.waiting = false
             let pendingPassword = enrolledFor.contains(user) ? nil : push.password
-            prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, user: user,
+            prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, escrow: escrowUse, user: user,
                                                  name: push.deviceName, ticket: ticket)
             prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
-            audit.audit(.info, .loginAttempt, "\(push.isKeyLogin ? "key login" : "login") attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
-            let answer: PromptAnswer = push.isKeyLogin ? .keyLogin(user: user, ticket: ticket) : .push(user: user, password: push.password, ticket: ticket)
+            let attempt = switch (kind, escrowUse) {
+            case (.key, _): "key login"
+            case (.escrow, .capture?): "escrow capture"
+            case (.escrow, _): "escrow login"
+            default: "login"
+            }
+            audit.audit(.info, .loginAttempt, "\(attempt) attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
+            let answer: PromptAnswer = switch (kind, escrowUse) {
+            case (.key, _): .keyLogin(user: user, ticket: ticket)
+            case (.escrow, .capture?): .escrowCapture(user: user, ticket: ticket)
+            default: .push(user: user, password: password, ticket: ticket)
+            }
             waiters.removeValue(forKey: promptID)?.resume(returning: answer)
             readvertise()
         }
@@ -686,6 +725,20 @@ public actor Box {
         guard let prompt = prompts[id], let v = prompt.verifying else { return }
         prompts.remove(id)
         let who = "phone \(v.phone.fingerprint) (\(logSafe(v.name))) user \(logSafe(v.user)) via \(logSafe(prompt.description))"
+        if case .capture(let secret)? = v.escrow {
+            await finishCapture(prompt, v, secret: secret, verdict: verdict, who: who)
+            return
+        }
+        if case .opened? = v.escrow, verdict == .rejected {
+            // The password changed since it was sealed (or the stack refuses it): the copy is
+            // stale. The next escrow login asks for the password at the box again.
+            try? escrow.destroy(phone: v.phone.fingerprint, user: v.user)
+            _ = registered.redeem(v.ticket, user: v.user, now: clock.now)
+            recordRejection(v.phone, user: v.user, now: clock.now)
+            audit.audit(.notice, .loginRejected, "escrow login rejected: \(who): \(logSafe(reason)); destroyed the sealed password", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: "the sealed password was not accepted (changed?): log in once with it typed at the box, this phone near"), now: clock.now)
+            return
+        }
         var verdict = verdict
         if verdict == .accepted, let password = v.pendingPassword {
             // A pending phone is enrolled only once the box itself confirms its password.
@@ -715,6 +768,45 @@ public actor Box {
             audit.audit(.notice, .loginRejected, "login rejected: \(who): \(logSafe(reason))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
         }
+    }
+
+    /// The module's copy of the password typed at an escrow capture prompt (before its report).
+    public func captured(_ id: UInt64, password: SecureBytes) {
+        guard case .capture? = prompts[id]?.verifying?.escrow else { return }
+        prompts[id]!.verifying!.captured = password
+    }
+
+    /// An escrow capture ended: the person typed the password with the phone present. Sealed
+    /// only when the stack accepted the login and the box's own service confirms the typed
+    /// password is the user's; then the phone gets the login's credit.
+    private func finishCapture(_ prompt: PromptTable.Prompt, _ v: PromptTable.Verifying, secret: SecureBytes,
+                               verdict: PAMRequest.Verdict, who: String) async {
+        let service = prompt.request.service
+        func refuse(_ why: String, _ reason: String) {
+            _ = registered.redeem(v.ticket, user: v.user, now: clock.now)
+            audit.audit(.notice, .loginRejected, "not sealing: \(who): \(why)", phone: v.phone.fingerprint, user: v.user, service: service)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: reason), now: clock.now)
+        }
+        guard verdict != .rejected else { return refuse("the login was not accepted", "the login at the box was not accepted; nothing was sealed") }
+        guard let password = v.captured else {
+            return refuse("the stack accepted the login without a typed password", "the box logged in without a typed password; nothing was sealed")
+        }
+        let check = await PAMVerifier(service: config.verifyService).verify(user: v.user, password: password)
+        if case .rejected(let why) = check {
+            return refuse("the box's own check (\(logSafe(config.verifyService))) did not confirm the typed password: \(logSafe(why))",
+                          "the box could not confirm the typed password; nothing was sealed")
+        }
+        let sealed = EscrowSeal.seal(password: password, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: v.phone, user: v.user)
+        do { try escrow.keep(sealed, phone: v.phone, user: v.user) } catch {
+            logger.error("cannot keep the sealed password: \(error)")
+            return refuse("cannot write the sealed copy (\(error))", "the box could not store the sealed password")
+        }
+        let now = clock.now
+        audit.audit(.notice, .loginAccepted, "login accepted: \(who); the typed password is sealed for this phone (escrow)", phone: v.phone.fingerprint, user: v.user, service: service)
+        let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
+        credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: service, now: now)
+        finishLogin(on: v.link, LoginResult(.accepted, reason: String("\(prompt.description); password sealed for this phone".prefix(LoginResult.maxReasonLength))), now: now)
+        readvertise()
     }
 
     /// `pam_sm_open_session`: registers the session only if logind says it is a local session
@@ -991,7 +1083,19 @@ public actor Box {
                 drop(id)
             }
             if let bytes = unhex(phone.key), let key = try? PublicKey(bytes) { enrolment.settle(key) }
-            return .text("revoked \(phone.fingerprint) (\(phone.users.joined(separator: ",")), \(phone.name))")
+            // Its sealed passwords go with it (escrow mode): nothing of it opens them any more.
+            var destroyed = ""
+            do {
+                let n = try escrow.destroy(phone: phone.fingerprint)
+                if n > 0 {
+                    destroyed = "; destroyed \(n) sealed password(s)"
+                    audit.audit(.notice, .revoked, "destroyed \(n) sealed password(s) of revoked phone \(phone.fingerprint)", phone: phone.fingerprint)
+                }
+            } catch {
+                logger.error("could not destroy the sealed passwords of revoked phone \(phone.fingerprint): \(error)")
+                destroyed = "; could NOT destroy its sealed passwords: \(error)"
+            }
+            return .text("revoked \(phone.fingerprint) (\(phone.users.joined(separator: ",")), \(phone.name))\(destroyed)")
         } catch {
             return .error("\(error)")
         }
@@ -1012,7 +1116,8 @@ public actor Box {
             presence: presences.values.map { .init(user: $0.user, phone: $0.phone.fingerprint) }.sorted { $0.user < $1.user },
             grace: graces.values.map(\.user).sorted(),
             enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count,
-            login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(),
+            login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(), escrowUsers: config.escrowUsers.sorted(),
+                         sealedPasswords: escrow.records.count,
                          keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()))
     }
 

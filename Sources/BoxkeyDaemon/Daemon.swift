@@ -42,14 +42,16 @@ public enum Daemon {
         }
         let identity: BoxIdentity
         let registry: PhoneRegistry
+        let escrow: EscrowStore
         do {
             identity = try BoxIdentity.loadOrCreate(directory: config.stateDirectory, configuredID: config.boxID, avoid: heard)
             registry = try PhoneRegistry.load(directory: config.stateDirectory)
+            escrow = try EscrowStore.load(directory: config.stateDirectory)
         } catch {
             throw StartError(description: "\(error)")
         }
         let peripheral = try await boxRadio.peripheral(identity.boxID)
-        let box = Box(config: config, identity: identity, registry: registry, sessions: sessions, clock: MonotonicClock(),
+        let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),
                       logger: logger, radioDescription: "\(boxRadio.description), address \(peripheral.address)")
         let readiness = Readiness(parts: 2, logger: logger)
         let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)

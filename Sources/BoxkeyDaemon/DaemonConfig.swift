@@ -10,8 +10,9 @@ public struct DaemonConfig: Sendable, Equatable {
     /// How a phone logs a user in (docs/login-modes.md). `password`: the phone pushes the
     /// user's password and the site's PAM stack verifies it. `key`: an enrolled phone's
     /// authenticated, intended login is enough, in `keyServices`, through a `pam_boxkey.so key`
-    /// stack line; no password is stored anywhere.
-    public enum LoginMode: String, Sendable { case password, key }
+    /// stack line; no password is stored anywhere. `escrow`: the phone stores no password;
+    /// the box keeps the user's verified password sealed under a secret only the phone holds.
+    public enum LoginMode: String, Sendable { case password, key, escrow }
 
     // [box]
     public var boxID: BoxID?
@@ -65,14 +66,17 @@ public struct DaemonConfig: Sendable, Equatable {
     public var verifyService = "boxkey-verify"
     // [login]
     public var loginMode: LoginMode = .password
-    /// Users who log in in key mode whatever `loginMode` says.
+    /// Users who log in in key (or escrow) mode whatever `loginMode` says.
     public var keyUsers: Set<String> = []
+    public var escrowUsers: Set<String> = []
     /// Services where a key login may succeed (and phone login is offered at all: `[pam]
     /// services`). Greeters and lockers by default; the PAM line (`key`) is the second gate.
     public var keyServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
 
     /// The mode `user` logs in with.
-    public func loginMode(for user: String) -> LoginMode { keyUsers.contains(user) ? .key : loginMode }
+    public func loginMode(for user: String) -> LoginMode {
+        keyUsers.contains(user) ? .key : escrowUsers.contains(user) ? .escrow : loginMode
+    }
 
     // [unlock]
     /// Screen lockers that run as the user cannot reach the root-only socket. With this on, a
@@ -165,16 +169,15 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login"])
-        if let t = try reader.section(table, "login", keys: ["mode", "key_users", "key_services"]) {
+        if let t = try reader.section(table, "login", keys: ["mode", "key_users", "escrow_users", "key_services"]) {
             if let m = try reader.string(t, "mode") {
-                guard let mode = LoginMode(rawValue: m) else { throw reader.error(t["mode"]!.line, "[login] mode must be password or key") }
+                guard let mode = LoginMode(rawValue: m) else { throw reader.error(t["mode"]!.line, "[login] mode must be password, key or escrow") }
                 c.loginMode = mode
             }
-            if let users = try reader.strings(t, "key_users", what: "user names") {
-                if let bad = users.first(where: { $0.isEmpty || $0.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 0x20 || $0 == 0x7f } == true }) }) {
-                    throw reader.error(t["key_users"]!.line, "[login] key_users: \"\(logSafe(bad))\" is not a user name")
-                }
-                c.keyUsers = Set(users)
+            c.keyUsers = try reader.users(t, "key_users") ?? c.keyUsers
+            c.escrowUsers = try reader.users(t, "escrow_users") ?? c.escrowUsers
+            if let both = c.keyUsers.intersection(c.escrowUsers).sorted().first {
+                throw reader.error(t["escrow_users"]!.line, "[login] \(logSafe(both)) is in both key_users and escrow_users")
             }
             c.keyServices = try reader.services(t, "key_services") ?? c.keyServices
         }
@@ -284,6 +287,13 @@ public struct DaemonConfig: Sendable, Equatable {
                 guard case .string(let x) = v else { throw error(e.line, "[\(t.name)] \(k) must be a list of \(what)") }
                 return x
             }
+        }
+        func users(_ t: ConfigFile.Section, _ k: String) throws -> Set<String>? {
+            guard let users = try strings(t, k, what: "user names") else { return nil }
+            if let bad = users.first(where: { $0.isEmpty || $0.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 0x20 || $0 == 0x7f } == true }) }) {
+                throw error(t[k]!.line, "[\(t.name)] \(k): \"\(logSafe(bad))\" is not a user name")
+            }
+            return Set(users)
         }
         /// PAM service names: each a file name in /etc/pam.d.
         func services(_ t: ConfigFile.Section, _ k: String) throws -> Set<String>? {

@@ -39,8 +39,11 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
     public struct LoginModes: Codable, Sendable, Equatable {
         /// The box's mode (`[login] mode`): "password" or "key".
         public var mode: String
-        /// Users in key mode whatever the box's mode is.
+        /// Users in key (escrow) mode whatever the box's mode is.
         public var keyUsers: [String]
+        public var escrowUsers: [String]
+        /// Escrow mode: the sealed passwords the box keeps (each opens only with its phone).
+        public var sealedPasswords: Int
         /// Services where a key login may succeed.
         public var keyServices: [String]
     }
@@ -64,9 +67,12 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             "sessions:    \(list(sessions.map { "\($0.id) (\($0.user), \($0.place))" }))",
             "presence:    \(list(presence.map { "\($0.user) (phone \($0.phone))" }))",
             "phones:      \(enrolledPhones) enrolled, \(revokedPhones) revoked",
-            "login mode:  \(login.mode)\(login.keyUsers.isEmpty || login.mode == "key" ? "" : "; key mode for \(list(login.keyUsers))")",
+            "login mode:  \(login.mode)\(login.keyUsers.isEmpty || login.mode == "key" ? "" : "; key mode for \(list(login.keyUsers))")\(login.escrowUsers.isEmpty || login.mode == "escrow" ? "" : "; escrow mode for \(list(login.escrowUsers))")",
         ]
         if login.mode == "key" || !login.keyUsers.isEmpty { lines.append("key logins:  in \(list(login.keyServices))") }
+        if login.mode == "escrow" || !login.escrowUsers.isEmpty || login.sealedPasswords > 0 {
+            lines.append("escrow:      \(login.sealedPasswords) sealed password(s)")
+        }
         if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
         return lines.joined(separator: "\n")
     }

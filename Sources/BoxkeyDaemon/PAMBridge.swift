@@ -91,6 +91,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
                             try await outbound.write(ByteBuffer(bytes: reply.encode()))
                         case .answer(.noPush(let reason)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+                        case .answer(.escrowCapture(let user, let ticket)):
+                            try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
                         case .answer(.keyLogin(let user, let ticket)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.keyLogin(user: user, ticket: ticket).encode()))
                         case .answer(.push(let user, let password, let ticket)):
@@ -102,7 +104,14 @@ public struct PAMBridge: Service, CustomStringConvertible {
                 var prompt: UInt64?
                 requests: for try await frame in inbound {
                     let request: PAMRequest
-                    do { request = try PAMRequest.decode(Array(buffer: frame)) } catch {
+                    var body = Array(buffer: frame)
+                    // A captured password came in this frame: wipe the socket's buffer in place
+                    // (a write through a copy would wipe only the copy) and our copy of it.
+                    defer {
+                        frame.withUnsafeReadableBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
+                        secureZero(&body)
+                    }
+                    do { request = try PAMRequest.decode(body) } catch {
                         replyContinuation.yield(.reply(.error("malformed request: \(error)")))
                         break
                     }
@@ -123,6 +132,9 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         group.addTask { replyContinuation.yield(.answer(await box.awaitPush(id))) }
                     case .cancel:
                         if let prompt { await box.promptClosed(prompt) }
+                    case .capturedPassword(var password):
+                        if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
+                        secureZero(&password)
                     case .reportOutcome(let verdict, let reason):
                         if let prompt { await box.report(prompt, verdict, reason: reason) }
                         replyContinuation.yield(.reply(.ok))
@@ -183,6 +195,7 @@ extension PAMRequest {
         case .waitForPush: "waitForPush"
         case .cancel: "cancel"
         case .reportOutcome: "reportOutcome"
+        case .capturedPassword: "capturedPassword"
         case .openSession: "openSession"
         case .closeSession: "closeSession"
         case .listPhones: "listPhones"

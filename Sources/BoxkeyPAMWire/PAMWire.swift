@@ -34,6 +34,9 @@ public enum PAMRequest: Equatable, Sendable {
     case cancel
     /// The final outcome of the PAM stack for the push this connection received.
     case reportOutcome(Verdict, reason: String)
+    /// Escrow capture: the password the person typed, sent only after the stack accepted it
+    /// and just before `reportOutcome`. The bytes are the receiver's to wipe.
+    case capturedPassword([UInt8])
     /// `pam_sm_open_session`: the logind session pam_systemd put in the PAM environment, and
     /// the ticket of the push that authenticated it (empty when no push did).
     case openSession(user: String, sessionID: String, service: String, ticket: String)
@@ -72,7 +75,7 @@ public enum PAMRequest: Equatable, Sendable {
     public enum Verdict: UInt8, Sendable { case rejected = 0, accepted = 1, acceptedOther = 2 }
 
     enum Kind: UInt8 {
-        case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04
+        case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04, capturedPassword = 0x07
         case openSession = 0x05, closeSession = 0x06
         case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14
     }
@@ -84,6 +87,7 @@ public enum PAMRequest: Equatable, Sendable {
             w.kind(Kind.waitForPush.rawValue)
             w.text(r.service); w.text(r.tty); w.text(r.display); w.text(r.remoteHost); w.text(r.expectedUser); w.u32(r.timeoutMilliseconds)
         case .cancel: w.kind(Kind.cancel.rawValue)
+        case .capturedPassword(let password): w.kind(Kind.capturedPassword.rawValue); w.secret(password)
         case .reportOutcome(let verdict, let reason):
             w.kind(Kind.reportOutcome.rawValue); w.u8(verdict.rawValue); w.text(reason)
         case .openSession(let user, let session, let service, let ticket):
@@ -108,6 +112,10 @@ public enum PAMRequest: Equatable, Sendable {
             request = .waitForPush(WaitRequest(service: try r.text(), tty: try r.text(), display: try r.text(), remoteHost: try r.text(),
                                                expectedUser: try r.text(), timeoutMilliseconds: try r.u32()))
         case .cancel: request = .cancel
+        case .capturedPassword:
+            let password = try r.secret()
+            guard !password.isEmpty, !password.contains(0) else { throw .invalidText }
+            request = .capturedPassword(password)
         case .reportOutcome:
             let v = try r.u8()
             guard let verdict = Verdict(rawValue: v) else { throw .invalidValue(v) }
@@ -139,6 +147,10 @@ public enum PAMReply: Equatable, Sendable {
     /// Key mode: an enrolled phone asked to log `user` in on its key alone, and this service
     /// takes key logins. Only a module line with the `key` option returns success for it.
     case keyLogin(user: String, ticket: String)
+    /// Escrow mode: `user`'s enrolled phone is here and the box has no sealed copy of the
+    /// password yet. The module asks the person for it; once the stack accepted it the module
+    /// sends it back (`capturedPassword`) for the box to seal under the phone's secret.
+    case escrowCapture(user: String, ticket: String)
     /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok
@@ -148,7 +160,7 @@ public enum PAMReply: Equatable, Sendable {
 
     public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
 
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88 }
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -157,6 +169,7 @@ public enum PAMReply: Equatable, Sendable {
         case .notOffered(let why): w.kind(Kind.notOffered.rawValue); w.text(why)
         case .push(let user, let password, let ticket): w.kind(Kind.push.rawValue); w.text(user); w.secret(password); w.text(ticket)
         case .keyLogin(let user, let ticket): w.kind(Kind.keyLogin.rawValue); w.text(user); w.text(ticket)
+        case .escrowCapture(let user, let ticket): w.kind(Kind.escrowCapture.rawValue); w.text(user); w.text(ticket)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
@@ -203,6 +216,10 @@ public enum PAMReply: Equatable, Sendable {
             let user = try r.text()
             guard !user.isEmpty else { throw .invalidText }
             reply = .keyLogin(user: user, ticket: try r.text())
+        case .escrowCapture:
+            let user = try r.text()
+            guard !user.isEmpty else { throw .invalidText }
+            reply = .escrowCapture(user: user, ticket: try r.text())
         case .noPush:
             let v = try r.u8()
             guard let reason = NoPushReason(rawValue: v) else { throw .invalidValue(v) }
@@ -297,6 +314,7 @@ public enum PAMConnectionState: Equatable, Sendable {
         case (.fresh, .waitForPush): return .waiting
         case (.waiting, .cancel): return .done
         case (.pushed, .reportOutcome): return .done
+        case (.pushed, .capturedPassword): return .pushed
         case (.pushed, .cancel): return .done
         case (.fresh, .openSession), (.fresh, .closeSession): return .done
         case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone),

@@ -13,7 +13,10 @@ extension Boxkey {
             @Option(help: "The user name (asked for when missing).") var user: String?
             @Flag(help: "Store no password: log in on this phone's enrolled key alone, at boxes in key mode for you (docs/login-modes.md).")
             var keyOnly = false
+            @Flag(help: "Store no password: keep a fresh escrow secret instead, which opens the copy of your password that boxes in escrow mode keep sealed for this phone (docs/login-modes.md).")
+            var escrow = false
             func run() async throws {
+                guard !(keyOnly && escrow) else { throw ValidationError("--key-only and --escrow exclude each other") }
                 try await Terminal.run {
                     let phone = try Phone.open()
                     var vault = try phone.vault()
@@ -25,7 +28,9 @@ extension Boxkey {
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
                         throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
                     }
-                    let password = keyOnly ? SecureBytes(count: 0) : Terminal.readSecret(tr("Password: "))
+                    let password = keyOnly ? SecureBytes(count: 0)
+                        : escrow ? CredentialPush.escrowField(SecureBytes.random(count: CredentialPush.escrowSecretLength))
+                        : Terminal.readSecret(tr("Password: "))
                     guard password.count > 0 || keyOnly else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
                     var pin: SecureBytes?
                     if vault.hasPIN, !vault.isWiped {
@@ -35,6 +40,8 @@ extension Boxkey {
                     do { try vault.store(user: name, password: password, pin: pin) } catch { throw PhoneFailure(.failure, "\(error)") }
                     if keyOnly {
                         Terminal.say(tr("User {user} stored with no password: key logins only.", ("user", name)))
+                    } else if escrow {
+                        Terminal.say(tr("User {user} stored with a new escrow secret and no password: at a box in escrow mode, type the password there once with this phone near.", ("user", name)))
                     } else {
                         Terminal.say(pin == nil ? tr("Credentials for {user} stored.", ("user", name)) : tr("Credentials for {user} stored behind your PIN.", ("user", name)))
                     }

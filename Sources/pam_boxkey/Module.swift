@@ -23,6 +23,16 @@ final class PendingLogin {
     let ticket: String
     var reported = false
     var answer: PromptAnswer?
+    /// Escrow capture: the password typed at this module's prompt, sent to the daemon to seal
+    /// if the stack accepts it (PAM clears PAM_AUTHTOK before the verdict hook runs).
+    var captured: [UInt8]?
+
+    deinit { wipeCaptured() }
+
+    func wipeCaptured() {
+        captured?.withUnsafeMutableBytes { if let b = $0.baseAddress { memset(b, 0, $0.count) } }
+        captured = nil
+    }
     /// The application's PAM_FAIL_DELAY function, which the verdict hook chains to.
     var applicationDelay: UnsafeRawPointer?
 
@@ -56,6 +66,8 @@ final class PendingLogin {
         // Credit only for what the phone did: a success after the person answered a hidden
         // prompt (the verifier asking again after a wrong push) is not the phone's.
         let verdict: PAMRequest.Verdict = !accepted ? .rejected : (answer?.personAnswered == true ? .acceptedOther : .accepted)
+        if accepted, let captured { try? client.send(.capturedPassword(captured)) }
+        wipeCaptured()
         do {
             try client.send(.reportOutcome(verdict, reason: reason))
             _ = try client.receive(timeoutMilliseconds: 1000)
@@ -132,6 +144,9 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
         let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        if case .escrowCapture(let user, let ticket) = reply {
+            return escrowCapture(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
+        }
         if case .keyLogin(let user, let ticket) = reply {
             return keyLogin(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
         }
@@ -199,6 +214,39 @@ private func keyLogin(user: String, ticket: String, expected: String, client: PA
     }
     pamh.log(LOG_INFO, "key login from an enrolled phone for \(user)")
     return PAM_SUCCESS
+}
+
+/// Escrow mode, no sealed copy yet: the person types the password here, once, with the phone
+/// present; it goes on to the stack as PAM_AUTHTOK (and answers the verifier's prompt with
+/// `answer_prompt`), and on success to the daemon, which seals it for the phone. nil: step aside.
+private func escrowCapture(user: String, ticket: String, expected: String, client: PAMSocketClient, pamh: PAMHandle, options: ModuleOptions) -> Int32? {
+    if !expected.isEmpty, expected != user {
+        pamh.log(LOG_NOTICE, "refusing an escrow capture for another user: this prompt is for \(expected)")
+        try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
+        return nil
+    }
+    guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS else {
+        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
+        return PAM_SYSTEM_ERR
+    }
+    pamh.info(tr("{user}'s phone is here: type the password once, and the box keeps it sealed for that phone", ("user", user)))
+    var token: UnsafePointer<CChar>?
+    guard pam_get_authtok(pamh.raw, PAM_AUTHTOK, &token, nil) == PAM_SUCCESS, let token, token.pointee != 0 else {
+        try? client.send(.reportOutcome(.rejected, reason: "no password was typed"))
+        return nil
+    }
+    let pending = PendingLogin(client: client, debug: options.debug, raw: pamh.raw, ticket: ticket)
+    pending.captured = [UInt8](UnsafeRawBufferPointer(start: token, count: strlen(token)))
+    pending.answer = PromptAnswer.install(on: pamh, password: pending.captured!, answerFirst: options.answerPrompt)
+    pending.hookVerdict()
+    let stored = Unmanaged.passRetained(pending).toOpaque()
+    guard pam_set_data(pamh.raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
+        Unmanaged<PendingLogin>.fromOpaque(stored).release()
+        return PAM_SYSTEM_ERR
+    }
+    pamh.log(LOG_INFO, "escrow capture for \(user): the typed password goes to the stack")
+    // As after a push: the verifier after this module decides.
+    return PAM_IGNORE
 }
 
 /// At pam_end (or when a retry replaces the data): reports the stack's final status if the

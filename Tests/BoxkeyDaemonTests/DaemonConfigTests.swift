@@ -57,7 +57,12 @@ import Testing
         #expect(c.loginMode(for: "alice") == .key && c.loginMode(for: "bob") == .password)
         #expect(c.keyServices == ["gdm-password"])
         #expect(try DaemonConfig.parse("[login]\nmode = \"key\"").loginMode(for: "bob") == .key)
-        #expect(throws: DaemonConfig.Error("config line 2: [login] mode must be password or key")) { try DaemonConfig.parse("[login]\nmode = \"none\"") }
+        let escrow = try DaemonConfig.parse("[login]\nmode = \"key\"\nescrow_users = [\"carol\"]")
+        #expect(escrow.loginMode(for: "carol") == .escrow && escrow.loginMode(for: "bob") == .key)
+        #expect(throws: DaemonConfig.Error("config line 3: [login] alice is in both key_users and escrow_users")) {
+            try DaemonConfig.parse("[login]\nkey_users = [\"alice\"]\nescrow_users = [\"alice\"]")
+        }
+        #expect(throws: DaemonConfig.Error("config line 2: [login] mode must be password, key or escrow")) { try DaemonConfig.parse("[login]\nmode = \"none\"") }
         #expect(throws: DaemonConfig.Error("config line 2: [login] key_users: \"a b\" is not a user name")) { try DaemonConfig.parse("[login]\nkey_users = [\"a b\"]") }
         #expect(throws: DaemonConfig.Error("config line 2: [login] key_services: \"../sudo\" is not a PAM service name")) {
             try DaemonConfig.parse("[login]\nkey_services = [\"../sudo\"]")

@@ -16,3 +16,18 @@ import Testing
         #expect(throws: PAMWire.DecodeError.trailingBytes) { try PAMReply.decode(Array(PAMReply.keyLogin(user: "a", ticket: "t").encode().dropFirst(2)) + [0]) }
     }
 }
+
+@Suite struct EscrowWireTests {
+    @Test func aCaptureAndItsPasswordRoundTripAndFollowTheConnectionStates() throws {
+        let reply = PAMReply.escrowCapture(user: "alice", ticket: "t")
+        #expect(try PAMReply.decode(Array(reply.encode().dropFirst(2))) == reply)
+        let request = PAMRequest.capturedPassword(Array("typed".utf8))
+        #expect(try PAMRequest.decode(Array(request.encode().dropFirst(2))) == request)
+        #expect(throws: PAMWire.DecodeError.invalidText) { try PAMRequest.decode(Array(PAMRequest.capturedPassword([0x61, 0, 0x62]).encode().dropFirst(2))) }
+        // Only after a push (or capture) went to this connection, and before its report.
+        #expect(PAMConnectionState.fresh.next(on: request) == nil)
+        #expect(PAMConnectionState.waiting.next(on: request) == nil)
+        #expect(PAMConnectionState.pushed.next(on: request) == .pushed)
+        #expect(PAMConnectionState.done.next(on: request) == nil)
+    }
+}

@@ -43,7 +43,7 @@ def test_key_mode_logs_in_with_no_password_anywhere(world):
         for name in files:
             assert PASSWORD.encode() not in open(os.path.join(root, name), "rb").read()
     status = json.loads(world.admin("status", "--json").stdout)
-    assert status["login"] == {"mode": "key", "keyUsers": [], "keyServices": ["boxkey-test"]}
+    assert status["login"] == {"mode": "key", "keyUsers": [], "escrowUsers": [], "keyServices": ["boxkey-test"], "sealedPasswords": 0}
     assert "login mode:  key" in world.admin("status").stdout
 
 
@@ -122,3 +122,138 @@ def test_a_revoked_phone_cannot_key_login(world):
     assert r.returncode != 0, r.stdout + r.stderr
     assert code == 0, out
     assert "key login attempt" not in world.box_output()
+
+
+# --- escrow mode --------------------------------------------------------------------------
+
+def enrol_escrow(world):
+    r = world.pair(world.pairing_code("alice"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = world.phone("credentials", "set", "--user", "alice", "--escrow")
+    assert r.returncode == 0 and "escrow secret" in r.stdout, r.stdout + r.stderr
+
+
+def escrow_file(world):
+    return os.path.join(world.settings["box"]["state_directory"], "escrow.json")
+
+
+def sealed_records(world):
+    path = escrow_file(world)
+    return json.load(open(path)) if os.path.exists(path) else []
+
+
+def capture(world, password=PASSWORD):
+    """The first escrow login: the phone asks, the person types the password at the box."""
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session", stdin=password + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    return r, code, out
+
+
+def set_password(world, user, password):
+    """The user's password changes (passwd): both the site's stack and the box's own service."""
+    for name, service in (("passdb", "boxkey-test"), ("verify.passdb", "boxkey-verify")):
+        path = os.path.join(world.work, name)
+        lines = [line for line in open(path) if not line.startswith(user + ":")]
+        open(path, "w").writelines(lines + [f"{user}:{password}:{service}\n"])
+
+
+@pytest.mark.both_radios
+def test_escrow_mode_seals_the_typed_password_then_logs_in_with_the_phone(world):
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    assert sealed_records(world) == []
+    # First: the phone is near, the person types the password at the box once.
+    r, code, out = capture(world)
+    assert r.returncode == 0 and "password sealed for this phone" in r.stdout, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+    assert "phone is here: type the password once" in out
+    records = sealed_records(world)
+    assert [(x["user"], len(x["sealed"]["nonce"])) for x in records] == [("alice", 24)]
+    assert os.stat(escrow_file(world)).st_mode & 0o777 == 0o600
+    assert PASSWORD.encode() not in open(escrow_file(world), "rb").read()
+    # Then: the phone alone logs in; nobody types anything.
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode == 0 and "Logged in to box 4821 as alice" in r.stdout, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+    box = world.box_output()
+    assert "escrow capture attempt" in box and "escrow login attempt" in box and "login accepted" in box
+    assert PASSWORD not in box and PASSWORD not in r.stdout + r.stderr
+    status = json.loads(world.admin("status", "--json").stdout)["login"]
+    assert status["mode"] == "escrow" and status["sealedPasswords"] == 1
+
+
+def test_a_changed_password_destroys_the_sealed_copy_and_is_picked_up_at_the_next_typed_login(world):
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    set_password(world, "alice", "a new horse")
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(stdin="a new horse\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "sealed password was not accepted" in r.stderr, r.stdout + r.stderr
+    assert sealed_records(world) == []
+    assert "destroyed the sealed password" in world.box_output()
+    # The next login with the phone near asks for the new password and seals it.
+    world.module_options = "timeout=20 answer_prompt"
+    r, code, out = capture(world, "a new horse")
+    assert r.returncode == 0 and code == 0, r.stdout + r.stderr + out
+    assert len(sealed_records(world)) == 1
+
+
+def test_revoking_the_phone_destroys_its_sealed_password(world):
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
+    r = world.admin("phones", "revoke", fingerprint)
+    assert r.returncode == 0 and "destroyed 1 sealed password" in r.stdout, r.stdout + r.stderr
+    assert sealed_records(world) == []
+
+
+def test_a_new_escrow_secret_cannot_open_the_old_copy(world):
+    """The phone's secret alone opens its copy: a new one (or another phone's) fails, and the
+    useless copy is destroyed."""
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    assert world.phone("credentials", "set", "--user", "alice", "--escrow").returncode == 0
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "does not open with this phone's secret" in r.stderr, r.stdout + r.stderr
+    assert code == 0, out  # typed at the keyboard after the phone was refused
+    assert sealed_records(world) == []
+
+
+def test_a_wrong_typed_password_seals_nothing(world):
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, out = capture(world, "not her password")
+    assert code != 0 and r.returncode != 0, r.stdout + r.stderr + out
+    assert sealed_records(world) == []
+    assert "not sealing" in world.box_output()
+
+
+def test_an_escrow_login_is_refused_in_password_mode(world):
+    world.start_box()
+    enrol_escrow(world)
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "does not take escrow logins" in r.stderr, r.stdout + r.stderr
+    assert code == 0, out
+    assert sealed_records(world) == []

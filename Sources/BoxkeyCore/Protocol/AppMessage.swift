@@ -112,8 +112,9 @@ public enum AppMessage: Sendable {
             }
             let password = try reader.secret(count: passwordLength)
             // PAM hands the password on as a C string: an embedded NUL would silently truncate it.
+            // The one exception is the escrow form, which starts with NUL and never reaches PAM.
             let hasNUL = password.withUnsafeBytes { $0.contains(0) }
-            guard !hasNUL else { throw .invalidText(field: "password") }
+            guard !hasNUL || CredentialPush.isEscrowForm(password) else { throw .invalidText(field: "password") }
             let name = try reader.shortText(field: "deviceName", limit: CredentialPush.maxDeviceNameLength)
             message = .credentialPush(CredentialPush(user: user, password: password, deviceName: name))
         case .loginResult:
@@ -167,6 +168,32 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
 
     public var isKeyLogin: Bool { password.count == 0 }
 
+    /// What the password field carries: a password (no NUL), nothing (a key login), or, in
+    /// escrow mode, NUL then the phone's 32-byte escrow secret, which opens the password the box
+    /// keeps sealed for this phone (docs/login-modes.md).
+    public enum Kind: Equatable, Sendable { case password, key, escrow }
+    public static let escrowSecretLength = 32
+
+    public var kind: Kind { isKeyLogin ? .key : Self.isEscrowForm(password) ? .escrow : .password }
+
+    /// The escrow secret of an escrow push.
+    public var escrowSecret: SecureBytes? {
+        guard kind == .escrow else { return nil }
+        return password.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[1...])) }
+    }
+
+    /// The password field of an escrow push: NUL, then the secret.
+    public static func escrowField(_ secret: SecureBytes) -> SecureBytes {
+        SecureBytes(count: 1 + secret.count) { (o: UnsafeMutableRawBufferPointer) in
+            o[0] = 0
+            secret.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: o[1...]).copyMemory(from: $0) }
+        }
+    }
+
+    static func isEscrowForm(_ field: SecureBytes) -> Bool {
+        field.count == 1 + escrowSecretLength && field.withUnsafeBytes { $0[0] == 0 }
+    }
+
     public init(user: String, password: SecureBytes, deviceName: String) {
         self.user = user
         self.password = password
@@ -179,7 +206,7 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
         guard user.utf8.count <= Self.maxUserLength else { throw .fieldTooLong(field: "user", length: user.utf8.count, limit: Self.maxUserLength) }
         guard isPrintable(user) else { throw .invalidText(field: "user") }
         guard password.count <= Self.maxPasswordLength else { throw .fieldTooLong(field: "password", length: password.count, limit: Self.maxPasswordLength) }
-        guard !password.withUnsafeBytes({ $0.contains(0) }) else { throw .invalidText(field: "password") }
+        guard !password.withUnsafeBytes({ $0.contains(0) }) || Self.isEscrowForm(password) else { throw .invalidText(field: "password") }
         guard deviceName.utf8.count <= Self.maxDeviceNameLength else { throw .fieldTooLong(field: "deviceName", length: deviceName.utf8.count, limit: Self.maxDeviceNameLength) }
         guard isPrintable(deviceName) else { throw .invalidText(field: "deviceName") }
     }

@@ -30,9 +30,21 @@ public struct PromptTable: Sendable {
         /// through its own password-only PAM service: the stack's success alone does not say
         /// the pushed password was what it checked (a fingerprint or U2F module may follow).
         public var pendingPassword: SecureBytes?
+        /// Escrow mode: what this push does with the sealed copy.
+        public var escrow: Escrow?
+        /// The password the person typed at a capture prompt, once the module sends it.
+        public var captured: SecureBytes?
         public var user: String
         public var name: String
         public var ticket: String
+    }
+
+    public enum Escrow: Sendable {
+        /// The sealed copy opened and its password went to the stack: a rejection destroys it.
+        case opened
+        /// No copy yet: the person types the password at this prompt, and once the stack and
+        /// the box's own check accept it, it is sealed under this secret from the phone.
+        case capture(secret: SecureBytes)
     }
 
     public enum Choice: Equatable, Sendable {
