@@ -729,9 +729,10 @@ public actor Box {
             await finishCapture(prompt, v, secret: secret, verdict: verdict, who: who)
             return
         }
-        if case .opened? = v.escrow, verdict == .rejected {
-            // The password changed since it was sealed (or the stack refuses it): the copy is
-            // stale. The next escrow login asks for the password at the box again.
+        if case .opened? = v.escrow, verdict != .accepted {
+            // The password changed since it was sealed (the stack refused it, or took one typed
+            // at the keyboard after it): the copy is stale. The next escrow login asks for the
+            // password at the box again.
             try? escrow.destroy(phone: v.phone.fingerprint, user: v.user)
             _ = registered.redeem(v.ticket, user: v.user, now: clock.now)
             recordRejection(v.phone, user: v.user, now: clock.now)
