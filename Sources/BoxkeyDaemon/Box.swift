@@ -22,12 +22,15 @@ public enum PromptAnswer: Sendable {
     /// Escrow mode, no sealed copy yet: the module asks the person for the password, and sends
     /// it once the stack accepted it.
     case escrowCapture(user: String, ticket: String)
+    /// Proximity: `user`'s phone is near; the module asks the person to press Enter, then waits
+    /// for the push (the bridge waits again).
+    case offer(user: String)
     case noPush(PAMReply.NoPushReason)
 
     /// The pushed user, if a push came.
     public var pushedUser: String? {
         switch self {
-        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
+        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _), .offer(let user): user
         case .noPush: nil
         }
     }
@@ -329,6 +332,8 @@ public actor Box {
             audit.audit(.info, .pairing, "pairing attempt: phone \(phone.fingerprint) from \(id.address) (\(enrolment.live?.triesLeft ?? 0) tries left on the code)", phone: phone.fingerprint)
         case .login(let push)?:
             startLogin(push, from: id, now: now)
+        case .offer(let offer)?:
+            startOffer(offer, from: id, now: now)
         case .action(.pair)?:
             completePairing(on: id, now: now)
         case .action(let action)?:
@@ -521,6 +526,11 @@ public actor Box {
         case .ambiguous(let candidates):
             audit.audit(.notice, .pushRefused, "refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
+        case .prompt(let promptID) where prompts[promptID]!.offer.map { !($0.link == id && $0.user == user && $0.intent) } ?? false:
+            // The person was asked about another phone (or has not answered yet): this prompt is not
+            // free for any other push.
+            audit.audit(.notice, .pushRefused, "refused push: \(who): the prompt shows another phone's proximity offer", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: "the box's prompt is showing another phone's offer"), now: now)
         case .prompt(let promptID):
             // Escrow: the sealed copy opens with the phone's secret, or the person types the
             // password at this prompt to make one.
@@ -565,6 +575,60 @@ public actor Box {
             waiters.removeValue(forKey: promptID)?.resume(returning: answer)
             readvertise()
         }
+    }
+
+    // MARK: - Proximity
+
+    /// An enrolled phone is near and offers to log `offer.user` in: the one prompt that may take
+    /// that user shows it ("press Enter"), and nothing happens until the person asks there.
+    private func startOffer(_ offer: ProximityOffer, from id: CentralID, now: Duration) {
+        guard let phone = links[id]?.connection.phoneKey else { return }
+        let user = offer.user
+        let who = "phone \(phone.fingerprint) (\(logSafe(offer.deviceName))) user \(logSafe(user))"
+        func refuse(_ outcome: LoginResult.Outcome, _ why: String, _ reason: String) {
+            audit.audit(.notice, .pushRefused, "refused proximity offer: \(who): \(why)", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(outcome, reason: reason), now: now)
+        }
+        guard config.proximity else { return refuse(.notAtPrompt, "proximity login is off ([login] proximity)", "box \(identity.boxID) does not take proximity logins") }
+        guard registry.users(of: phone).contains(user) else {
+            return refuse(.wrongUser, "a proximity offer needs a phone enrolled for that user", "this phone is not enrolled for \(user) at box \(identity.boxID)")
+        }
+        guard !rejectedByUser.isLimited(user, now: now) else { return refuse(.rejected, "too many rejected pushes for this user", "too many rejected pushes for \(user); try later") }
+        guard case .prompt(let promptID) = prompts.choose(for: user), waiters[promptID] != nil else {
+            return refuse(.notAtPrompt, "no single prompt waits for this user", "box \(identity.boxID) is not at a login prompt for \(user)")
+        }
+        guard prompts[promptID]!.offer == nil else {
+            return refuse(.ambiguousPrompt, "the prompt already shows another phone's offer", "the box's prompt is showing another phone's offer")
+        }
+        prompts[promptID]!.offer = .init(link: id, phone: phone, user: user)
+        prompts[promptID]!.waiting = false
+        // The person's time to see it and press Enter.
+        prompts[promptID]!.deadline = now + config.maxPromptWait
+        links[id]?.prompt = promptID
+        audit.audit(.info, .loginAttempt, "proximity offer: \(who) at \(logSafe(prompts[promptID]!.description)); waiting for Enter there", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
+        waiters.removeValue(forKey: promptID)?.resume(returning: .offer(user: user))
+        wakeTimers()
+    }
+
+    /// The person pressed Enter at a prompt showing an offer: the phone pushes now.
+    public func intent(_ promptID: UInt64) {
+        guard var offer = prompts[promptID]?.offer, !offer.intent, var link = links[offer.link] else { return }
+        let now = clock.now
+        offer.intent = true
+        prompts[promptID]!.offer = offer
+        prompts[promptID]!.deadline = now + config.commandTimeout + config.outcomeTimeout
+        audit.audit(.info, .loginAttempt, "proximity intent: Enter pressed at \(logSafe(prompts[promptID]!.description)) for phone \(offer.phone.fingerprint) user \(logSafe(offer.user))", phone: offer.phone.fingerprint, user: offer.user)
+        let output = link.connection.giveIntent(now: now)
+        links[offer.link] = link
+        perform(output, for: offer.link, now: now)
+    }
+
+    /// A prompt with an offer went away (timed out, cancelled, another took its place): the
+    /// offering phone hears so, unless it already pushed.
+    private func withdrawOffer(of promptID: UInt64, _ why: String) {
+        guard let offer = prompts[promptID]?.offer, prompts[promptID]?.verifying == nil else { return }
+        prompts[promptID]!.offer = nil
+        finishLogin(on: offer.link, LoginResult(.notAtPrompt, reason: why), now: clock.now)
     }
 
     /// No prompt waits, but a screen locker running as the user may: if logind says the user
@@ -702,6 +766,7 @@ public actor Box {
     public func hasPush(_ id: UInt64) -> Bool { prompts[id]?.verifying != nil }
 
     private func resolve(_ id: UInt64, _ answer: PromptAnswer) {
+        if case .noPush = answer { withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed") }
         guard let waiter = waiters.removeValue(forKey: id) else { return }
         if prompts[id]?.verifying == nil { prompts.remove(id) } else { prompts[id]?.waiting = false }
         waiter.resume(returning: answer)
@@ -711,6 +776,7 @@ public actor Box {
     /// The module gave up, or its connection closed.
     public func promptClosed(_ id: UInt64) async {
         guard let prompt = prompts[id] else { return }
+        withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed")
         if waiters[id] != nil { resolve(id, .noPush(.timedOut)); return }
         if prompt.verifying != nil {
             // The stack ended without a report (the application died): tell the phone no.
@@ -1038,6 +1104,7 @@ public actor Box {
                 prompts.remove(prompt.id)
                 finishLogin(on: v.link, LoginResult(.timedOut, reason: "the login prompt did not report an outcome"), now: now)
             } else {
+                withdrawOffer(of: prompt.id, "nobody pressed Enter at the box's prompt")
                 prompts.remove(prompt.id)
             }
         }

@@ -69,6 +69,9 @@ public struct DaemonConfig: Sendable, Equatable {
     /// Users who log in in key (or escrow) mode whatever `loginMode` says.
     public var keyUsers: Set<String> = []
     public var escrowUsers: Set<String> = []
+    /// Proximity login: an enrolled phone's agent that is near may offer a login at a waiting
+    /// prompt, which the person completes with Enter there. Off unless the box opts in.
+    public var proximity = false
     /// Services where a key login may succeed (and phone login is offered at all: `[pam]
     /// services`). Greeters and lockers by default; the PAM line (`key`) is the second gate.
     public var keyServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
@@ -169,7 +172,8 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login"])
-        if let t = try reader.section(table, "login", keys: ["mode", "key_users", "escrow_users", "key_services"]) {
+        if let t = try reader.section(table, "login", keys: ["mode", "key_users", "escrow_users", "key_services", "proximity"]) {
+            c.proximity = try reader.bool(t, "proximity") ?? c.proximity
             if let m = try reader.string(t, "mode") {
                 guard let mode = LoginMode(rawValue: m) else { throw reader.error(t["mode"]!.line, "[login] mode must be password, key or escrow") }
                 c.loginMode = mode

@@ -91,6 +91,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
                             try await outbound.write(ByteBuffer(bytes: reply.encode()))
                         case .answer(.noPush(let reason)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+                        case .answer(.offer(let user)):
+                            try await outbound.write(ByteBuffer(bytes: PAMReply.offer(user: user).encode()))
                         case .answer(.escrowCapture(let user, let ticket)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
                         case .answer(.keyLogin(let user, let ticket)):
@@ -129,9 +131,18 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         guard let id else { break requests }
                         prompt = id
                         // The wait runs beside this read loop, so a cancel or a hang-up ends it.
-                        group.addTask { replyContinuation.yield(.answer(await box.awaitPush(id))) }
+                        group.addTask {
+                            // A proximity offer is shown, then the same prompt waits for the push.
+                            while true {
+                                let answer = await box.awaitPush(id)
+                                replyContinuation.yield(.answer(answer))
+                                guard case .offer = answer else { break }
+                            }
+                        }
                     case .cancel:
                         if let prompt { await box.promptClosed(prompt) }
+                    case .intent:
+                        if let prompt { await box.intent(prompt) }
                     case .capturedPassword(var password):
                         if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
                         secureZero(&password)
@@ -196,6 +207,7 @@ extension PAMRequest {
         case .cancel: "cancel"
         case .reportOutcome: "reportOutcome"
         case .capturedPassword: "capturedPassword"
+        case .intent: "intent"
         case .openSession: "openSession"
         case .closeSession: "closeSession"
         case .listPhones: "listPhones"

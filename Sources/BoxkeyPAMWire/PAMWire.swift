@@ -37,6 +37,8 @@ public enum PAMRequest: Equatable, Sendable {
     /// Escrow capture: the password the person typed, sent only after the stack accepted it
     /// and just before `reportOutcome`. The bytes are the receiver's to wipe.
     case capturedPassword([UInt8])
+    /// Proximity: the person pressed Enter at a prompt showing a phone's offer.
+    case intent
     /// `pam_sm_open_session`: the logind session pam_systemd put in the PAM environment, and
     /// the ticket of the push that authenticated it (empty when no push did).
     case openSession(user: String, sessionID: String, service: String, ticket: String)
@@ -75,7 +77,7 @@ public enum PAMRequest: Equatable, Sendable {
     public enum Verdict: UInt8, Sendable { case rejected = 0, accepted = 1, acceptedOther = 2 }
 
     enum Kind: UInt8 {
-        case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04, capturedPassword = 0x07
+        case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04, capturedPassword = 0x07, intent = 0x08
         case openSession = 0x05, closeSession = 0x06
         case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14
     }
@@ -88,6 +90,7 @@ public enum PAMRequest: Equatable, Sendable {
             w.text(r.service); w.text(r.tty); w.text(r.display); w.text(r.remoteHost); w.text(r.expectedUser); w.u32(r.timeoutMilliseconds)
         case .cancel: w.kind(Kind.cancel.rawValue)
         case .capturedPassword(let password): w.kind(Kind.capturedPassword.rawValue); w.secret(password)
+        case .intent: w.kind(Kind.intent.rawValue)
         case .reportOutcome(let verdict, let reason):
             w.kind(Kind.reportOutcome.rawValue); w.u8(verdict.rawValue); w.text(reason)
         case .openSession(let user, let session, let service, let ticket):
@@ -112,6 +115,7 @@ public enum PAMRequest: Equatable, Sendable {
             request = .waitForPush(WaitRequest(service: try r.text(), tty: try r.text(), display: try r.text(), remoteHost: try r.text(),
                                                expectedUser: try r.text(), timeoutMilliseconds: try r.u32()))
         case .cancel: request = .cancel
+        case .intent: request = .intent
         case .capturedPassword:
             let password = try r.secret()
             guard !password.isEmpty, !password.contains(0) else { throw .invalidText }
@@ -151,6 +155,9 @@ public enum PAMReply: Equatable, Sendable {
     /// password yet. The module asks the person for it; once the stack accepted it the module
     /// sends it back (`capturedPassword`) for the box to seal under the phone's secret.
     case escrowCapture(user: String, ticket: String)
+    /// Proximity: `user`'s enrolled phone is near. The module asks the person to press Enter
+    /// (`intent`); the push follows on this connection.
+    case offer(user: String)
     /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok
@@ -160,7 +167,15 @@ public enum PAMReply: Equatable, Sendable {
 
     public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
 
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
+    /// The user a push, key login, capture or offer names.
+    public var pushedUser: String? {
+        switch self {
+        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _), .offer(let user): user
+        default: nil
+        }
+    }
+
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89, offer = 0x8a }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -170,6 +185,7 @@ public enum PAMReply: Equatable, Sendable {
         case .push(let user, let password, let ticket): w.kind(Kind.push.rawValue); w.text(user); w.secret(password); w.text(ticket)
         case .keyLogin(let user, let ticket): w.kind(Kind.keyLogin.rawValue); w.text(user); w.text(ticket)
         case .escrowCapture(let user, let ticket): w.kind(Kind.escrowCapture.rawValue); w.text(user); w.text(ticket)
+        case .offer(let user): w.kind(Kind.offer.rawValue); w.text(user)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
@@ -216,6 +232,10 @@ public enum PAMReply: Equatable, Sendable {
             let user = try r.text()
             guard !user.isEmpty else { throw .invalidText }
             reply = .keyLogin(user: user, ticket: try r.text())
+        case .offer:
+            let user = try r.text()
+            guard !user.isEmpty else { throw .invalidText }
+            reply = .offer(user: user)
         case .escrowCapture:
             let user = try r.text()
             guard !user.isEmpty else { throw .invalidText }
@@ -313,6 +333,7 @@ public enum PAMConnectionState: Equatable, Sendable {
         switch (self, request) {
         case (.fresh, .waitForPush): return .waiting
         case (.waiting, .cancel): return .done
+        case (.waiting, .intent): return .waiting
         case (.pushed, .reportOutcome): return .done
         case (.pushed, .capturedPassword): return .pushed
         case (.pushed, .cancel): return .done

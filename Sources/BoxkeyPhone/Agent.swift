@@ -26,6 +26,18 @@ public actor Agent {
         let user: String
         let password: SecureBytes
         let until: ContinuousClock.Instant
+        let unlockedAt: ContinuousClock.Instant
+    }
+
+    /// Proximity login (opt-in: `boxkey agent start --proximity`): when a paired box's prompt
+    /// waits and the box is near, offer the login; the person presses Enter at the box.
+    public struct Proximity: Sendable {
+        /// Mean RSSI of the last `samples` advertisements heard with a prompt waiting.
+        public var thresholdDBm: Int = -65
+        public var samples: Int = 3
+        /// Only this long after the PIN was given: a phone left in a drawer all day offers nothing.
+        public var window: Duration = .seconds(30 * 60)
+        public init() {}
     }
 
     private var phone: Phone
@@ -51,7 +63,16 @@ public actor Agent {
     nonisolated let linkJobs: AsyncStream<LinkJob>
     private let linkJobContinuation: AsyncStream<LinkJob>.Continuation
 
-    public init(phone: Phone, radio: PhoneRadio, lifetime: Duration, log: @escaping @Sendable (String) -> Void) {
+    private let proximity: Proximity?
+    /// RSSI heard per box while its prompt waits, newest last.
+    private var heardNear: [BoxID: [Int]] = [:]
+    /// No new offer before this (after one ended, so a refused or ignored offer is not repeated
+    /// at once).
+    private var nextOffer: ContinuousClock.Instant?
+    private var scanning = false
+
+    public init(phone: Phone, radio: PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, log: @escaping @Sendable (String) -> Void) {
+        self.proximity = proximity
         self.phone = phone
         self.radio = radio
         self.lifetime = lifetime
@@ -86,7 +107,7 @@ public actor Agent {
         guard drops == dropsBefore, !stopRequested else {
             throw PhoneFailure(.failure, "the credentials were dropped while the vault was being opened")
         }
-        held = Held(user: user, password: password, until: clock.now + lifetime)
+        held = Held(user: user, password: password, until: clock.now + lifetime, unlockedAt: clock.now)
         log("credentials for \(user) held for \(lifetime)")
         await holdingObserver?(true)
     }
@@ -200,6 +221,57 @@ public actor Agent {
             linkJobContinuation.yield(.detachAndClose(link))
         }
         return nil
+    }
+
+    /// Called about once a second with proximity on: listens for paired boxes whose prompt
+    /// waits, and offers the login at one that is near. Never logs in by itself: the box's
+    /// prompt asks the person, and only their Enter there makes this phone push.
+    public func proximityTick() async {
+        // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
+        if presence == nil, let (air, address) = radio.simulated,
+           let move = SimMoves(directory: air.directory, address: address).take() {
+            log("Walking to \(move.to) m over \(move.over) s…")
+            air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+        }
+        guard let proximity, let held, clock.now - held.unlockedAt < proximity.window, !busy, !scanning, presence == nil,
+              nextOffer.map({ clock.now >= $0 }) ?? true else { if !scanning { heardNear = [:] }; return }
+        scanning = true
+        defer { scanning = false }
+        for id in phone.boxes.boxes.compactMap({ BoxID($0.id) }) {
+            guard let key = try? phone.pinnedKey(id),
+                  let heard = try? await phone.find(id, pinned: key, radio: radio.central, searchTime: .milliseconds(700)),
+                  heard.advertisement.flags.contains(.loginPromptWaiting), let rssi = heard.rssi else {
+                heardNear[id] = nil
+                continue
+            }
+            heardNear[id, default: []].append(rssi)
+            heardNear[id] = Array(heardNear[id]!.suffix(proximity.samples))
+            let recent = heardNear[id]!
+            guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm else { continue }
+            heardNear = [:]
+            await offer(at: id)
+            return
+        }
+    }
+
+    private func offer(at id: BoxID) async {
+        guard let held, !busy else { return }
+        busy = true
+        loginsInProgress += 1
+        defer { busy = false; loginsInProgress -= 1; nextOffer = clock.now + .seconds(10) }
+        log("box \(id) is near and its prompt waits: offering to log in \(held.user); press Enter at the box")
+        var phone = phone
+        defer { self.phone = phone }
+        do {
+            let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central, offerFirst: true)
+            log(report.sentence + " (proximity, Enter at the box)")
+            let presenceLink = PresenceLink(box: id, link: link, phone: phone, radio: radio, log: log)
+            presence = presenceLink
+            linkJobContinuation.yield(.presence(presenceLink))
+        } catch {
+            log("proximity login at box \(id): \(error.message)")
+        }
+        await settleHolding()
     }
 
     func presenceEnded(_ link: PresenceLink, _ ending: PresenceLink.Ending) {

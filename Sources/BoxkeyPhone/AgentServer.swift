@@ -69,6 +69,8 @@ public struct AgentServer: Sendable {
                 while !Task.isCancelled {
                     try await Task.sleep(for: .seconds(1))
                     await agent.tick()
+                    // Off the actor's request path: a scan must not hold up `lock` or `status`.
+                    Task { await agent.proximityTick() }
                     // Removed or replaced (logind removes the runtime directory when the
                     // user's last session ends): nothing can reach this agent any more, so it
                     // must not go on holding credentials.

@@ -19,11 +19,35 @@ extension Phone {
     /// Finds box `id`, pushes the credentials and waits for the PAM stack's answer. Accepted,
     /// the link is returned in the presence state (the caller keeps it or detaches it);
     /// otherwise it is closed and the outcome thrown.
+    ///
+    /// `offerFirst` (proximity): offer the login and push only once the person pressed Enter at
+    /// the box's prompt, within `intentWait`.
     public mutating func login(to id: BoxID, user: String, password: SecureBytes, radio: any CentralRadio,
+                               offerFirst: Bool = false, intentWait: Duration = .seconds(130),
                                progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
         let clock = MonotonicClock()
-        let start = clock.now
+        var start = clock.now
         let link = try await connect(to: id, radio: radio, progress: progress)
+        if offerFirst {
+            let heard: PhoneConnection.Event
+            do {
+                try await link.send(.offer(ProximityOffer(user: user, deviceName: deviceName)))
+                heard = try await link.next(timeout: intentWait)
+            } catch {
+                await link.close()
+                throw failure(error, box: id)
+            }
+            switch heard {
+            case .intent:
+                start = clock.now  // the login's time runs from the person's Enter
+            case .loginResult(let refused):
+                await link.close()
+                throw PhoneFailure(.notAtPrompt, refused.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : "box \(id): \(refused.reason)")
+            default:
+                await link.close()
+                throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id)))
+            }
+        }
         let answer: PhoneConnection.Event
         do {
             try await link.send(.credentialPush(CredentialPush(user: user, password: password, deviceName: deviceName)))

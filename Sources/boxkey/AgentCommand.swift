@@ -40,6 +40,8 @@ enum AgentCommand {
         static let configuration = CommandConfiguration(abstract: "Start the agent: asks the PIN once, then runs in the background.")
         @Option(help: "How long the credentials are held: 90s, 30m, 4h (at most 7 days).") var lifetime = AgentCommand.defaultLifetime
         @Flag(help: "Stay in the foreground (for a systemd user unit); the log goes to standard output.") var foreground = false
+        @Flag(help: "Proximity login: within 30 minutes of this PIN, when a paired box's prompt waits and the box is near, offer the login there; it happens only when someone presses Enter at that prompt (the box must allow it: [login] proximity).")
+        var proximity = false
         @Flag(help: .hidden) var detachedChild = false
         @OptionGroup var radio: RadioOptions
 
@@ -52,7 +54,7 @@ enum AgentCommand {
                     return
                 }
                 if !foreground, !detachedChild {
-                    try Self.spawnAgent(phone: phone, radio: radio, lifetime: lifetime)
+                    try Self.spawnAgent(phone: phone, radio: radio, lifetime: lifetime, proximity: proximity)
                     return
                 }
                 try await serve(phone)
@@ -61,13 +63,13 @@ enum AgentCommand {
 
         /// Asks the PIN here, then starts `agent start --detached-child` in its own session
         /// with the PIN on its standard input; returns once it serves.
-        static func spawnAgent(phone: Phone, radio: RadioOptions, lifetime: Lifetime) throws {
+        static func spawnAgent(phone: Phone, radio: RadioOptions, lifetime: Lifetime, proximity: Bool = false) throws {
             let vault = try phone.vault()
             if vault.isWiped { throw Vault.Failure.wiped.asPhoneFailure }
             guard vault.hasCredentials else { throw Vault.Failure.noCredentials.asPhoneFailure }
             let pin = vault.hasPIN ? try Terminal.readPIN() : nil
             let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
-            let status = Detached.spawn([executable, "agent", "start", "--detached-child", "--lifetime", lifetime.text] + radio.arguments,
+            let status = Detached.spawn([executable, "agent", "start", "--detached-child", "--lifetime", lifetime.text] + (proximity ? ["--proximity"] : []) + radio.arguments,
                                         input: pin, ready: "Agent running")
             guard status == 0 else { throw ExitCode(status) }
         }
@@ -87,7 +89,8 @@ enum AgentCommand {
             let log: @Sendable (String) -> Void = { line in
                 Terminal.say("\(Date().formatted(.iso8601)) \(line)")
             }
-            let agent = BoxkeyPhone.Agent(phone: phone, radio: phoneRadio, lifetime: lifetime.duration, log: log)
+            let agent = BoxkeyPhone.Agent(phone: phone, radio: phoneRadio, lifetime: lifetime.duration,
+                                          proximity: proximity ? BoxkeyPhone.Agent.Proximity() : nil, log: log)
             do {
                 // The PIN lives only for the unlock: the agent holds credentials, never the PIN.
                 let pin = vault.hasPIN ? try Terminal.readPIN() : nil
@@ -104,7 +107,7 @@ enum AgentCommand {
             }
             defer { signals.forEach { $0.cancel() } }
             try await server.run(ready: {
-                Terminal.say("Agent running (pid \(getpid())), credentials held for \(lifetimeText).")
+                Terminal.say("Agent running (pid \(getpid())), credentials held for \(lifetimeText)\(proximity ? "; proximity login on" : "").")
                 if detached { Detached.redirectOutput(to: phone.dirs.agentLog) }
             })
             log("agent stopped")

@@ -11,6 +11,10 @@ import Glibc
 
 private let pendingKey = "pam_boxkey_pending"
 
+/// Seconds from Enter at a proximity offer to the phone's push (a connected phone needs well
+/// under one; the daemon's own limit is its command and outcome timeouts).
+private let proximityPushWait = 20
+
 /// The module's words, in the application's locale (a module never sets the locale itself).
 private let tr = Translator(domain: "pam_boxkey", besideExecutable: false)
 
@@ -143,7 +147,28 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
             return stepAside()
         }
         // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
-        let reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        var reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        if case .offer(let offered) = reply {
+            // Proximity: the phone is near, and logs in only if the person asks here. Enter is
+            // the intent; a typed password is the person's own, handed on as typed.
+            guard var answer = pamh.askHidden(tr("{user}'s phone is near — press Enter to log in, or type the password:", ("user", offered))) else {
+                try? client.send(.cancel)
+                return stepAside()
+            }
+            guard answer.isEmpty else {
+                try? client.send(.cancel)
+                pamh.setItem(PAM_AUTHTOK, answer)
+                answer.withUnsafeMutableBytes { if let b = $0.baseAddress { memset(b, 0, $0.count) } }
+                return unavailableCode
+            }
+            try client.send(.intent)
+            reply = try client.receive(timeoutMilliseconds: Int64(proximityPushWait) * 1000)
+            guard reply.pushedUser == offered else {
+                if options.debug { pamh.log(LOG_DEBUG, "no push for \(offered) after the proximity intent") }
+                try? client.send(.cancel)
+                return stepAside()
+            }
+        }
         if case .escrowCapture(let user, let ticket) = reply {
             return escrowCapture(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
         }

@@ -29,6 +29,31 @@ struct PAMHandle {
         boxkey_pam_log(raw, priority, "pam_boxkey: " + message)
     }
 
+    /// Asks the person through the application's conversation, input hidden
+    /// (PAM_PROMPT_ECHO_OFF). The answer's bytes are the caller's to wipe; nil when the
+    /// conversation failed (the application has none, or the person cancelled).
+    func askHidden(_ text: String) -> [UInt8]? {
+        var conv: UnsafeRawPointer?
+        guard pam_get_item(raw, PAM_CONV, &conv) == PAM_SUCCESS, let conv else { return nil }
+        let c = conv.assumingMemoryBound(to: pam_conv.self).pointee
+        guard let fn = c.conv else { return nil }
+        return text.withCString { cstring -> [UInt8]? in
+            var message = pam_message(msg_style: PAM_PROMPT_ECHO_OFF, msg: cstring)
+            return withUnsafePointer(to: &message) { m -> [UInt8]? in
+                var list: UnsafePointer<pam_message>? = m
+                var response: UnsafeMutablePointer<pam_response>?
+                guard fn(1, &list, &response, c.appdata_ptr) == PAM_SUCCESS, let response else { return nil }
+                defer { free(response) }
+                guard let r = response.pointee.resp else { return [] }
+                let n = strlen(r)
+                let answer = [UInt8](UnsafeRawBufferPointer(start: r, count: n))
+                memset(r, 0, n)
+                free(r)
+                return answer
+            }
+        }
+    }
+
     /// Shows a line to the user (PAM_TEXT_INFO) through the application's conversation.
     func info(_ text: String) {
         var conv: UnsafeRawPointer?

@@ -71,6 +71,40 @@ import Testing
         #expect(try pong[0].get() == .keepalive)
     }
 
+    /// Proximity: the offer carries no secret, and the phone may push only after the box said
+    /// the person asked (Enter at the prompt); a push before that is illegal on both sides.
+    @Test func anOfferWaitsForTheIntentThenOnePush() throws {
+        var x = Exchange()
+        try x.open()
+        let (out, _) = x.toBox(try x.phone.send(.offer(ProximityOffer(user: "alice", deviceName: "pixel"))))
+        guard case .offer(let offer) = out.request else { Issue.record("expected an offer: \(String(describing: out.request))"); return }
+        #expect(offer.user == "alice" && x.box.state == .offering && x.phone.state == .awaitingIntent)
+        #expect(throws: PhoneConnection.Error.self) { try x.phone.send(.credentialPush(Fixtures.push())) }
+        #expect(x.box.nextDeadline == nil)  // the person's time, bounded by the prompt at the box
+        let intent = x.deliver(x.box.giveIntent(now: .seconds(1)).replies)
+        #expect(try intent[0].get() == .intent)
+        #expect(x.phone.state == .ready && x.box.state == .awaitingCommand && x.box.nextDeadline == .seconds(1) + x.box.commandTimeout)
+        let (push, _) = x.toBox(try x.phone.send(.credentialPush(Fixtures.push())))
+        guard case .login = push.request else { Issue.record("expected the push"); return }
+        #expect(x.box.giveIntent(now: .seconds(2)).replies.isEmpty)  // no second intent
+    }
+
+    @Test func aRefusedOfferClosesAndAnEarlyPushIsAViolation() throws {
+        var x = Exchange()
+        try x.open()
+        _ = x.toBox(try x.phone.send(.offer(ProximityOffer(user: "alice", deviceName: ""))))
+        let refused = x.deliver(x.box.finishLogin(LoginResult(.notAtPrompt, reason: "gone")).replies)
+        #expect(try refused[0].get() == .loginResult(LoginResult(.notAtPrompt, reason: "gone")))
+        #expect(x.phone.state == .closed && x.box.state == .closed)
+
+        var y = Exchange()
+        try y.open()
+        _ = y.toBox(try y.phone.send(.offer(ProximityOffer(user: "alice", deviceName: ""))))
+        let (out, _) = y.toBox(try y.phone.sealIgnoringState(.credentialPush(Fixtures.push())))
+        guard case .close(.protocolViolation) = out.request else { Issue.record("a push before the intent: \(String(describing: out.request))"); return }
+        #expect(y.box.finishLogin(LoginResult(.accepted)).replies.isEmpty)
+    }
+
     @Test func rejectedPushClosesAndASecondPushIsRefused() throws {
         var x = Exchange()
         try x.open()

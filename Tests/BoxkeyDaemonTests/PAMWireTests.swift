@@ -31,3 +31,15 @@ import Testing
         #expect(PAMConnectionState.done.next(on: request) == nil)
     }
 }
+
+@Suite struct ProximityWireTests {
+    @Test func anOfferAndTheIntentRoundTripAndTheIntentOnlyWhileWaiting() throws {
+        let offer = PAMReply.offer(user: "alice")
+        #expect(try PAMReply.decode(Array(offer.encode().dropFirst(2))) == offer)
+        #expect(offer.pushedUser == "alice")
+        #expect(throws: PAMWire.DecodeError.invalidText) { try PAMReply.decode(Array(PAMReply.offer(user: "").encode().dropFirst(2))) }
+        #expect(try PAMRequest.decode(Array(PAMRequest.intent.encode().dropFirst(2))) == .intent)
+        #expect(PAMConnectionState.waiting.next(on: .intent) == .waiting)
+        for state in [PAMConnectionState.fresh, .pushed, .done] { #expect(state.next(on: .intent) == nil) }
+    }
+}

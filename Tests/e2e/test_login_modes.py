@@ -3,10 +3,13 @@ enough and no password is stored anywhere, and the refusals that keep it to the 
 services and PAM lines an admin chose. Every refusal leaves the password prompt working."""
 import json
 import os
+import re
+import subprocess
+import time
 
 import pytest
 
-from conftest import PASSWORD
+from conftest import PASSWORD, wait_for
 
 
 def key_stack(world, options="timeout=20 key"):
@@ -257,3 +260,107 @@ def test_an_escrow_login_is_refused_in_password_mode(world):
     assert r.returncode != 0 and "does not take escrow logins" in r.stderr, r.stdout + r.stderr
     assert code == 0, out
     assert sealed_records(world) == []
+
+
+# --- proximity login with intent --------------------------------------------------------------
+
+@pytest.fixture
+def proximity_agent(world):
+    """Starts alice's agent with proximity on, 5 m from the box (too far to offer), and stops it."""
+    started = []
+
+    def start(*args):
+        r = world.phone("agent", "start", "--proximity", *args)
+        assert r.returncode == 0 and "proximity login on" in r.stdout, r.stdout + r.stderr
+        started.append(r)
+        return r
+    yield start
+    if started:
+        world.phone("agent", "stop", timeout=20)
+
+
+def agent_log(world):
+    path = os.path.join(world.env["XDG_STATE_HOME"], "boxkey", "agent.log")
+    return open(path).read() if os.path.exists(path) else ""
+
+
+def test_proximity_login_waits_for_enter_at_the_box(world, proximity_agent):
+    """Near is not enough: the phone offers, the prompt asks the person, and only Enter there
+    logs in. Far away, nothing is offered at all."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    proximity_agent("--sim-position", "5")
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session", stdin=None)
+    time.sleep(4)
+    assert "proximity offer" not in world.box_output(), "offered from 5 m"
+    world.phone("sim", "move", "1")
+    moved = time.monotonic()
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the prompt to ask", interval=0.05)
+    offered = time.monotonic() - moved
+    assert "proximity offer: phone" in world.box_output()
+    # Near and offered, but nobody pressed Enter: no login, however long the phone waits.
+    time.sleep(3)
+    assert greeter.poll() is None and "login accepted" not in world.box_output()
+    near = time.monotonic()
+    greeter.type("\n")
+    code, out = world.finish(greeter)
+    elapsed = time.monotonic() - near
+    assert code == 0 and "successfully authenticated" in out, out
+    box = world.box_output()
+    assert "proximity intent: Enter pressed" in box and "login accepted" in box
+    wait_for(lambda: "(proximity, Enter at the box)" in agent_log(world), timeout=10, what="the agent's report")
+    print(f"PROXIMITY-FIGURES {{\"near_to_offer_shown_s\": {offered:.2f}, \"enter_to_accepted_s\": {elapsed:.2f}}}")
+
+
+def test_proximity_is_off_unless_the_box_allows_it(world, proximity_agent):
+    world.start_box()  # [login] proximity defaults to false
+    world.pair_and_store()
+    proximity_agent("--sim-position", "1")
+    world.module_options = "timeout=8 answer_prompt"
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    wait_for(lambda: "refused proximity offer" in world.box_output(), timeout=20, what="the refused offer")
+    code, out = world.finish(greeter)
+    assert code == 0 and "phone is near" not in out, out  # the typed password, never the offer
+    assert "proximity login is off" in world.box_output()
+
+
+def test_a_password_typed_at_an_offer_is_the_persons(world, proximity_agent):
+    """The offer's prompt is also a password prompt: what the person types goes to the stack as
+    typed, and the phone pushes nothing."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store(password="the phone's stale password")
+    proximity_agent("--sim-position", "1")
+    # The verifier takes PAM_AUTHTOK as pam_unix with try_first_pass (or pam_sss) does.
+    verifier = os.path.join(world.work, "pam_first_pass_only.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", verifier, os.path.join(os.path.dirname(__file__), "pam_first_pass_only.c"), "-lpam"], check=True)
+    greeter = world.greeter(stdin=None, auth=[world.module_line(), f"auth required {verifier} [password={PASSWORD}]"])
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    greeter.type(PASSWORD + "\n")
+    code, out = world.finish(greeter)
+    assert code == 0, out
+    assert "proximity intent" not in world.box_output()
+
+
+def test_another_phone_cannot_take_a_prompt_showing_an_offer(world, proximity_agent):
+    """While the offer of alice's phone is on the screen, her second phone cannot push into
+    that prompt: Enter there is for the phone the prompt named."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    r = world.pair(world.pairing_code("alice"), who="spare")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n", who="spare").returncode == 0
+    proximity_agent("--sim-position", "1")
+    greeter = world.greeter(stdin=None)
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    r = world.phone("login", "--no-stay", who="spare")
+    assert r.returncode != 0 and "showing another phone's offer" in r.stderr, r.stdout + r.stderr
+    greeter.type("\n")
+    code, out = world.finish(greeter)
+    assert code == 0 and "successfully authenticated" in out, out
+    spare = json.loads(world.admin("phones", "--json").stdout)
+    assert len(spare) == 2
+    accepted = re.findall(r"login accepted: phone (\S+)", world.box_output())
+    assert len(accepted) == 1

@@ -16,6 +16,8 @@ public enum AppMessage: Sendable {
     case error(ChannelError)              // both ways
     case detach                           // phone -> box: I leave on purpose; this is not walking away
     case pair                             // phone -> box, after a pairing handshake: enrol this key
+    case offer(ProximityOffer)            // phone -> box: near, and ready to log `user` in once the person says so
+    case intent                           // box -> phone: the person asked at the box (Enter): push now
 
     public enum MessageType: UInt8, Sendable, CaseIterable {
         case credentialPush = 0x01
@@ -28,6 +30,8 @@ public enum AppMessage: Sendable {
         case error = 0x08
         case detach = 0x09
         case pair = 0x0a
+        case offer = 0x0b
+        case intent = 0x0c
     }
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -53,6 +57,8 @@ public enum AppMessage: Sendable {
         case .error: .error
         case .detach: .detach
         case .pair: .pair
+        case .offer: .offer
+        case .intent: .intent
         }
     }
 
@@ -85,7 +91,10 @@ public enum AppMessage: Sendable {
         case .error(let error):
             writer.u8(error.code.rawValue)
             writer.shortText(error.detail)
-        case .lock, .logout, .attach, .keepalive, .detach, .pair:
+        case .offer(let offer):
+            writer.shortText(offer.user)
+            writer.shortText(offer.deviceName)
+        case .lock, .logout, .attach, .keepalive, .detach, .pair, .intent:
             break
         }
         return SecureBytes(copying: writer.bytes)
@@ -139,9 +148,29 @@ public enum AppMessage: Sendable {
         case .keepalive: message = .keepalive
         case .detach: message = .detach
         case .pair: message = .pair
+        case .intent: message = .intent
+        case .offer:
+            let user = try reader.shortText(field: "user", limit: CredentialPush.maxUserLength)
+            guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
+            let name = try reader.shortText(field: "deviceName", limit: CredentialPush.maxDeviceNameLength)
+            message = .offer(ProximityOffer(user: user, deviceName: name))
         }
         guard reader.atEnd else { throw .trailingBytes(type) }
         return message
+    }
+}
+
+/// Proximity login: the phone is near a box whose prompt waits, and will push `user`'s
+/// credentials once the person asks for it at the box (`intent`). No secret in it.
+///
+///     0        user length U (1..128), then the user
+///     +1       device name length N (0..32), then the name
+public struct ProximityOffer: Sendable, Equatable {
+    public let user: String
+    public let deviceName: String
+    public init(user: String, deviceName: String) {
+        self.user = user
+        self.deviceName = deviceName
     }
 }
 

@@ -11,6 +11,9 @@ public struct BoxConnection {
     public enum Request: Sendable {
         /// Hand the credentials to the PAM stack that is waiting, then call `finishLogin`.
         case login(CredentialPush)
+        /// Show the waiting prompt that this phone is near; call `giveIntent` once the person
+        /// asks there, or `finishLogin` with a refusal.
+        case offer(ProximityOffer)
         /// Lock, log out, or attach to the phone's session, then call `finishAction`.
         case action(ActionResult.Action)
         /// The session is over; disconnect after sending `replies`.
@@ -110,6 +113,16 @@ public struct BoxConnection {
         state = next
         deadline = nil
         if next == .closed { out.request = .close(reason: .finished) }
+        return out
+    }
+
+    /// The person asked at the box: the offering phone pushes now (within the command timeout).
+    public mutating func giveIntent(now: Duration) -> Output {
+        guard let next = state.onIntent else { return Output() }
+        var out = Output()
+        out.replies = seal(.intent)
+        state = next
+        deadline = now + commandTimeout
         return out
     }
 
@@ -225,10 +238,11 @@ public struct BoxConnection {
         case .logout: deadline = nil; out.request = .action(.logout)
         case .attach: deadline = nil; out.request = .action(.attach)
         case .pair: deadline = nil; out.request = .action(.pair)
+        case .offer(let offer): deadline = nil; out.request = .offer(offer)
         case .keepalive: out.replies = seal(.keepalive); out.request = .keepalive
         case .error(let e): close(); out.request = .close(reason: .peerError(e))
         case .detach: close(); out.request = .close(reason: .detached)
-        case .loginResult, .actionResult: break   // excluded by the state table
+        case .loginResult, .actionResult, .intent: break   // excluded by the state table
         }
         return out
     }

@@ -23,6 +23,8 @@ public struct PhoneConnection {
         case loginResult(LoginResult)
         case actionResult(ActionResult)
         case keepalive
+        /// The person asked at the box: push now.
+        case intent
     }
 
     public private(set) var state: PhoneSessionState = .idle
@@ -146,6 +148,7 @@ public struct PhoneConnection {
             case .loginResult(let r): return .loginResult(r)
             case .actionResult(let r): return .actionResult(r)
             case .keepalive: return .keepalive
+            case .intent: return .intent
             case .error(let e): close(); throw .boxError(e)
             default: close(); throw .unexpected("box sent \(message.type)")
             }

@@ -7,6 +7,8 @@
 ///     awaitingHandshake --pairing msg 1 ok--> awaitingPairConfirm --pair--> acting(pair) --any--> closed
 ///     awaitingCommand --credentialPush--> verifying --accepted--> present
 ///                                                   --otherwise--> closed
+///     awaitingCommand --offer--> offering --intent (box)--> awaitingCommand (then the push)
+///                                         --loginResult (box refuses)--> closed
 ///     awaitingCommand | present --lock | logout | attach--> acting(action)
 ///     acting(attach) --done--> present        acting(lock | logout) --any--> closed
 ///     acting(attach) --noSession | failed--> closed
@@ -22,6 +24,8 @@ public enum BoxSessionState: Equatable, Sendable {
     case awaitingPairConfirm
     case awaitingCommand
     case verifying
+    /// A proximity offer waits for the person's intent at the box.
+    case offering
     case acting(ActionResult.Action)
     case present
     case closed
@@ -31,6 +35,7 @@ public enum BoxSessionState: Equatable, Sendable {
         switch (self, message) {
         case (.awaitingPairConfirm, .pair): return .acting(.pair)
         case (.awaitingCommand, .credentialPush): return .verifying
+        case (.awaitingCommand, .offer): return .offering
         case (.awaitingCommand, .lock), (.present, .lock): return .acting(.lock)
         case (.awaitingCommand, .logout), (.present, .logout): return .acting(.logout)
         case (.awaitingCommand, .attach): return .acting(.attach)
@@ -43,9 +48,15 @@ public enum BoxSessionState: Equatable, Sendable {
 
     /// The state after the box has the outcome of a push.
     public func next(onLoginResult outcome: LoginResult.Outcome) -> BoxSessionState? {
-        guard self == .verifying else { return nil }
-        return outcome == .accepted ? .present : .closed
+        switch self {
+        case .verifying: return outcome == .accepted ? .present : .closed
+        case .offering: return outcome == .accepted ? nil : .closed   // an offer is only refused
+        default: return nil
+        }
     }
+
+    /// The state after the box tells an offering phone the person asked (`intent`).
+    public var onIntent: BoxSessionState? { self == .offering ? .awaitingCommand : nil }
 
     /// The state after the box has carried out a lock, logout or attach.
     public func next(onActionResult result: ActionResult) -> BoxSessionState? {
@@ -59,6 +70,8 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     idle --send msg 1--> awaitingHandshakeResponse --msg 2 ok--> ready
 ///     ready --credentialPush--> awaitingLoginResult --accepted--> present
 ///                                                    --otherwise--> closed
+///     ready --offer--> awaitingIntent --intent--> ready (then the push)
+///                                     --loginResult (refused)--> closed
 ///     ready | present --lock | logout | attach--> awaitingActionResult(action)
 ///     ready (after a pairing handshake) --pair--> awaitingActionResult(pair) --any--> closed
 ///     awaitingActionResult(attach) --done--> present; every other answer --> closed
@@ -70,6 +83,7 @@ public enum PhoneSessionState: Equatable, Sendable {
     case awaitingHandshakeResponse
     case ready
     case awaitingLoginResult
+    case awaitingIntent
     case awaitingActionResult(ActionResult.Action)
     case present
     case closed
@@ -78,6 +92,7 @@ public enum PhoneSessionState: Equatable, Sendable {
     public func next(onSend message: AppMessage.MessageType) -> PhoneSessionState? {
         switch (self, message) {
         case (.ready, .credentialPush): return .awaitingLoginResult
+        case (.ready, .offer): return .awaitingIntent
         case (.ready, .lock), (.present, .lock): return .awaitingActionResult(.lock)
         case (.ready, .logout), (.present, .logout): return .awaitingActionResult(.logout)
         case (.ready, .attach): return .awaitingActionResult(.attach)
@@ -93,6 +108,8 @@ public enum PhoneSessionState: Equatable, Sendable {
     public func next(onBox message: AppMessage) -> PhoneSessionState? {
         switch (self, message) {
         case (.awaitingLoginResult, .loginResult(let r)): return r.outcome == .accepted ? .present : .closed
+        case (.awaitingIntent, .intent): return .ready
+        case (.awaitingIntent, .loginResult): return .closed
         case (.awaitingActionResult(let a), .actionResult(let r)) where r.action == a:
             return a == .attach && r.outcome == .done ? .present : .closed
         // A keepalive answer may cross a lock or logout the phone just sent.

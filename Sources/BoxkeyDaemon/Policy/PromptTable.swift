@@ -15,6 +15,9 @@ public struct PromptTable: Sendable {
         public var waiting = false
         /// Set once a push went to this prompt: whose it was, for the outcome relay.
         public var verifying: Verifying?
+        /// A proximity offer shown at this prompt: only that phone may push here, for that
+        /// user, and only after the person asked (`intent`).
+        public var offer: Offer?
 
         /// "lightdm on seat0 :0", "login on tty2": what the phone prints.
         public var description: String {
@@ -37,6 +40,13 @@ public struct PromptTable: Sendable {
         public var user: String
         public var name: String
         public var ticket: String
+    }
+
+    public struct Offer: Sendable {
+        public var link: CentralID
+        public var phone: PublicKey
+        public var user: String
+        public var intent = false
     }
 
     public enum Escrow: Sendable {
