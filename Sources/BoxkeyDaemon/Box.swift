@@ -1185,7 +1185,7 @@ public actor Box {
             grace: graces.values.map(\.user).sorted(),
             enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count,
             login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(), escrowUsers: config.escrowUsers.sorted(),
-                         sealedPasswords: escrow.records.count,
+                         sealedPasswords: escrow.records.count, proximity: config.proximity,
                          keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()))
     }
 

@@ -44,6 +44,8 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         public var escrowUsers: [String]
         /// Escrow mode: the sealed passwords the box keeps (each opens only with its phone).
         public var sealedPasswords: Int
+        /// `[login] proximity`: near phones may offer a login, completed by Enter at the prompt.
+        public var proximity: Bool
         /// Services where a key login may succeed.
         public var keyServices: [String]
     }
@@ -70,6 +72,7 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             "login mode:  \(login.mode)\(login.keyUsers.isEmpty || login.mode == "key" ? "" : "; key mode for \(list(login.keyUsers))")\(login.escrowUsers.isEmpty || login.mode == "escrow" ? "" : "; escrow mode for \(list(login.escrowUsers))")",
         ]
         if login.mode == "key" || !login.keyUsers.isEmpty { lines.append("key logins:  in \(list(login.keyServices))") }
+        if login.proximity { lines.append("proximity:   on (a near phone offers; Enter at the prompt logs in)") }
         if login.mode == "escrow" || !login.escrowUsers.isEmpty || login.sealedPasswords > 0 {
             lines.append("escrow:      \(login.sealedPasswords) sealed password(s)")
         }

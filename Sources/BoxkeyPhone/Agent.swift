@@ -14,6 +14,12 @@ public struct AgentStatus: Codable, Sendable, Equatable {
     public var user: String?
     public var expiresInSeconds: Int?
     public var presence: Presence?
+    /// What the held credentials are: "password", "key" (no password: key mode) or "escrow"
+    /// (an escrow secret); nil when none are held.
+    public var mode: String?
+    /// Proximity login on (`--proximity`), and whether its window after the PIN is still open.
+    public var proximity: Bool?
+    public var proximityOpen: Bool?
 }
 
 /// `boxkey agent`, in the spirit of ssh-agent: the vault is opened once, and the credentials
@@ -132,9 +138,13 @@ public actor Agent {
     }
 
     public func status() -> AgentStatus {
-        AgentStatus(pid: getpid(), credentialsHeld: held != nil, user: held?.user,
-                    expiresInSeconds: held.map { Int(($0.until - clock.now).components.seconds) },
-                    presence: presence.map { .init(box: $0.box.description, connected: $0.isConnected) })
+        let kind = held.map { CredentialPush(user: $0.user, password: $0.password, deviceName: "").kind }
+        return AgentStatus(pid: getpid(), credentialsHeld: held != nil, user: held?.user,
+                           expiresInSeconds: held.map { Int(($0.until - clock.now).components.seconds) },
+                           presence: presence.map { .init(box: $0.box.description, connected: $0.isConnected) },
+                           mode: kind.map { switch $0 { case .password: "password"; case .key: "key"; case .escrow: "escrow" } },
+                           proximity: proximity != nil,
+                           proximityOpen: proximity.flatMap { p in held.map { clock.now - $0.unlockedAt < p.window } })
     }
 
     /// Serves one request; `reply` is told progress lines and the final answer.

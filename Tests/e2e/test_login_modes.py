@@ -46,7 +46,8 @@ def test_key_mode_logs_in_with_no_password_anywhere(world):
         for name in files:
             assert PASSWORD.encode() not in open(os.path.join(root, name), "rb").read()
     status = json.loads(world.admin("status", "--json").stdout)
-    assert status["login"] == {"mode": "key", "keyUsers": [], "escrowUsers": [], "keyServices": ["boxkey-test"], "sealedPasswords": 0}
+    assert status["login"] == {"mode": "key", "keyUsers": [], "escrowUsers": [], "keyServices": ["boxkey-test"], "sealedPasswords": 0,
+                               "proximity": False}
     assert "login mode:  key" in world.admin("status").stdout
 
 
@@ -291,6 +292,7 @@ def test_proximity_login_waits_for_enter_at_the_box(world, proximity_agent):
     world.start_box()
     world.pair_and_store()
     proximity_agent("--sim-position", "5")
+    assert "proximity login on" in world.phone("status").stdout
     greeter = world.greeter("authenticate", "acct_mgmt", "open_session", stdin=None)
     time.sleep(4)
     assert "proximity offer" not in world.box_output(), "offered from 5 m"
@@ -310,6 +312,8 @@ def test_proximity_login_waits_for_enter_at_the_box(world, proximity_agent):
     box = world.box_output()
     assert "proximity intent: Enter pressed" in box and "login accepted" in box
     wait_for(lambda: "(proximity, Enter at the box)" in agent_log(world), timeout=10, what="the agent's report")
+    assert "proximity:   on" in world.admin("status").stdout
+    assert "holding credentials for alice (a password)" in world.phone("status").stdout
     print(f"PROXIMITY-FIGURES {{\"near_to_offer_shown_s\": {offered:.2f}, \"enter_to_accepted_s\": {elapsed:.2f}}}")
 
 
