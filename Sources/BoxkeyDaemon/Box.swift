@@ -413,6 +413,12 @@ public actor Box {
         if let promptID = link.prompt, prompts[promptID]?.verifying != nil {
             logger.info("\(id.address) left while its push was being verified")
         }
+        // An offer from a phone that left no longer holds its prompt: Enter there now brings
+        // the password prompt at once (`intent`).
+        if let promptID = link.prompt, let offer = prompts[promptID]?.offer, offer.link == id, prompts[promptID]?.verifying == nil {
+            prompts[promptID]!.offer = nil
+            logger.info("\(id.address) left while its proximity offer was on the screen")
+        }
     }
 
     // MARK: - Pairing
@@ -612,7 +618,11 @@ public actor Box {
 
     /// The person pressed Enter at a prompt showing an offer: the phone pushes now.
     public func intent(_ promptID: UInt64) {
-        guard var offer = prompts[promptID]?.offer, !offer.intent, var link = links[offer.link] else { return }
+        guard var offer = prompts[promptID]?.offer, !offer.intent, var link = links[offer.link] else {
+            // The phone left (or the offer went) before Enter: the person gets the password prompt now.
+            if prompts[promptID]?.verifying == nil { resolve(promptID, .noPush(.timedOut)) }
+            return
+        }
         let now = clock.now
         offer.intent = true
         prompts[promptID]!.offer = offer

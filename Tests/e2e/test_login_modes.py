@@ -368,3 +368,20 @@ def test_another_phone_cannot_take_a_prompt_showing_an_offer(world, proximity_ag
     assert len(spare) == 2
     accepted = re.findall(r"login accepted: phone (\S+)", world.box_output())
     assert len(accepted) == 1
+
+
+def test_enter_after_the_offering_phone_left_brings_the_password_prompt_at_once(world, proximity_agent):
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    proximity_agent("--sim-position", "1")
+    greeter = world.greeter(stdin=None)
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    assert world.phone("agent", "stop", timeout=20).returncode == 0
+    wait_for(lambda: "left while its proximity offer was on the screen" in world.box_output(), timeout=10, what="the box to see the phone go")
+    start = time.monotonic()
+    greeter.type("\n" + PASSWORD + "\n")  # Enter at the offer, then the password prompt's answer
+    code, out = world.finish(greeter)
+    assert code == 0 and "successfully authenticated" in out, out
+    assert time.monotonic() - start < 5, "waited for a push that could not come"
+    assert "login accepted" not in world.box_output()
