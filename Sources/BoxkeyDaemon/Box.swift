@@ -90,6 +90,10 @@ public actor Box {
     /// is cut off at connect, and enrolled phones' budgets are never touched by it.
     var failedHandshakes: RateLimiter<DeviceAddress>
     var rejectedByPhone: RateLimiter<PublicKey>
+    /// Proximity offers per phone: an enrolled phone cannot hold prompts with its offer on them
+    /// over and over (each may stand up to `max_wait_s`).
+    var offersByPhone = RateLimiter<PublicKey>(limit: Box.offersPerPhone, window: .seconds(300))
+    static let offersPerPhone = 3
     var rejectedByUser: RateLimiter<String>
 
     /// Wakes the timer loop when a new deadline appears.
@@ -489,6 +493,14 @@ public actor Box {
             return
         }
         let kind = push.kind
+        if kind == .password, config.loginMode(for: user) != .password {
+            // Key and escrow mode exist so that the phone holds no password: one pushed anyway
+            // is refused, not used (the site's rule is enforced here, not hoped for).
+            let mode = config.loginMode(for: user)
+            audit.audit(.notice, .pushRefused, "refused push: \(who): \(logSafe(user)) is in \(mode) mode, and this phone pushed a password", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) is in \(mode) mode for \(user): the phone must not hold the password (boxkey credentials set --\(mode == .key ? "key-only" : "escrow"))"), now: now)
+            return
+        }
         if kind != .password {
             // A key or escrow login has no password the box could check a pending phone by:
             // only an enrolled phone, and only for users the box puts in that mode.
@@ -546,7 +558,7 @@ public actor Box {
                 if let sealed = escrow.sealed(phone: phone, user: user) {
                     do {
                         password = try EscrowSeal.open(sealed, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: phone, user: user)
-                        escrowUse = .opened
+                        escrowUse = .opened(password: password)
                     } catch {
                         // Not this phone's secret any more (the phone set a new one): the copy is useless.
                         try? escrow.destroy(phone: phone.fingerprint, user: user)
@@ -606,6 +618,10 @@ public actor Box {
         guard prompts[promptID]!.offer == nil else {
             return refuse(.ambiguousPrompt, "the prompt already shows another phone's offer", "the box's prompt is showing another phone's offer")
         }
+        guard !offersByPhone.isLimited(phone, now: now) else {
+            return refuse(.rejected, "\(Box.offersPerPhone) offers in 5 minutes", "too many proximity offers from this phone; try later or use boxkey login")
+        }
+        offersByPhone.record(phone, now: now)
         prompts[promptID]!.offer = .init(link: id, phone: phone, user: user)
         prompts[promptID]!.waiting = false
         // The person's time to see it and press Enter.
@@ -805,15 +821,20 @@ public actor Box {
             await finishCapture(prompt, v, secret: secret, verdict: verdict, who: who)
             return
         }
-        if case .opened? = v.escrow, verdict != .accepted {
-            // The password changed since it was sealed (the stack refused it, or took one typed
-            // at the keyboard after it): the copy is stale. The next escrow login asks for the
-            // password at the box again.
-            try? escrow.destroy(phone: v.phone.fingerprint, user: v.user)
+        if case .opened(let password)? = v.escrow, verdict != .accepted {
             _ = registered.redeem(v.ticket, user: v.user, now: clock.now)
             recordRejection(v.phone, user: v.user, now: clock.now)
-            audit.audit(.notice, .loginRejected, "escrow login rejected: \(who): \(logSafe(reason)); destroyed the sealed password", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
-            finishLogin(on: v.link, LoginResult(.rejected, reason: "the sealed password was not accepted (changed?): log in once with it typed at the box, this phone near"), now: clock.now)
+            // Stale only if the box's own password-only service refuses it too: the stack's
+            // "no" may be a locked account, a directory outage, a cancelled or one-time-code prompt.
+            let check = await PAMVerifier(service: config.verifyService).verify(user: v.user, password: password)
+            if case .rejected(let why) = check {
+                try? escrow.destroy(phone: v.phone.fingerprint, user: v.user)
+                audit.audit(.notice, .loginRejected, "escrow login rejected: \(who): \(logSafe(reason)); \(logSafe(config.verifyService)) refuses the sealed password too (\(logSafe(why))): destroyed it", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+                finishLogin(on: v.link, LoginResult(.rejected, reason: "the sealed password was not accepted (changed?): log in once with it typed at the box, this phone near"), now: clock.now)
+            } else {
+                audit.audit(.notice, .loginRejected, "escrow login not accepted: \(who): \(logSafe(reason)); the sealed password still checks out, kept", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+                finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the login was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: clock.now)
+            }
             return
         }
         var verdict = verdict
@@ -826,6 +847,13 @@ public actor Box {
             }
         }
         let now = clock.now
+        if verdict == .accepted, registry.isRevoked(v.phone) {
+            // Revoked while the stack or the box's own check ran: no credit, no presence link.
+            audit.audit(.notice, .loginRejected, "login completed, but phone \(v.phone.fingerprint) was revoked meanwhile: \(who); no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: "this phone was revoked at box \(identity.boxID)"), now: now)
+            return
+        }
         switch verdict {
         case .accepted:
             audit.audit(.info, .loginAccepted, "login accepted: \(who)", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
@@ -860,6 +888,9 @@ public actor Box {
                                verdict: PAMRequest.Verdict, who: String) async {
         let service = prompt.request.service
         func refuse(_ why: String, _ reason: String) {
+            // A failed capture counts like a rejected push: an enrolled phone cannot take over
+            // prompts with "type the password" without limit.
+            recordRejection(v.phone, user: v.user, now: clock.now)
             _ = registered.redeem(v.ticket, user: v.user, now: clock.now)
             audit.audit(.notice, .loginRejected, "not sealing: \(who): \(why)", phone: v.phone.fingerprint, user: v.user, service: service)
             finishLogin(on: v.link, LoginResult(.rejected, reason: reason), now: clock.now)
@@ -872,6 +903,10 @@ public actor Box {
         if case .rejected(let why) = check {
             return refuse("the box's own check (\(logSafe(config.verifyService))) did not confirm the typed password: \(logSafe(why))",
                           "the box could not confirm the typed password; nothing was sealed")
+        }
+        // Revoked (or unenrolled) while the check ran: nothing is sealed for it.
+        guard registry.users(of: v.phone).contains(v.user) else {
+            return refuse("phone \(v.phone.fingerprint) was revoked while the password was checked", "this phone was revoked at box \(identity.boxID); nothing was sealed")
         }
         let sealed = EscrowSeal.seal(password: password, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: v.phone, user: v.user)
         do { try escrow.keep(sealed, phone: v.phone, user: v.user) } catch {

@@ -27,6 +27,12 @@ extension Phone {
                                progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
         let clock = MonotonicClock()
         var start = clock.now
+        // Escrow: each box gets only its own secret, derived from the vault's, so no box learns
+        // what opens another box's sealed copy.
+        var password = password
+        if let master = CredentialPush.escrowSecret(in: password) {
+            password = CredentialPush.escrowField(EscrowSeal.boxSecret(master: master, boxKey: try pinnedKey(id)))
+        }
         let link = try await connect(to: id, radio: radio, progress: progress)
         if offerFirst {
             let heard: PhoneConnection.Event

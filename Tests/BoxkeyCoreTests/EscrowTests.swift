@@ -25,6 +25,24 @@ import Testing
         #expect(throws: CryptoError.authenticationFailed) { try EscrowSeal.open(tampered, secret: secret, boxKey: box, phoneKey: phone, user: "alice") }
     }
 
+    @Test func aSealedCopyDoesNotTellThePasswordsLength() throws {
+        let short = EscrowSeal.seal(password: SecureBytes(utf8: "a"), secret: secret, boxKey: box, phoneKey: phone, user: "alice")
+        let long = EscrowSeal.seal(password: SecureBytes(utf8: String(repeating: "x", count: 512)), secret: secret, boxKey: box, phoneKey: phone, user: "alice")
+        #expect(short.ciphertext.count == long.ciphertext.count)
+        #expect(try EscrowSeal.open(short, secret: secret, boxKey: box, phoneKey: phone, user: "alice").isEqual(to: SecureBytes(utf8: "a")))
+    }
+
+    /// The phone sends each box a secret of its own: one box's (or its root's) copy of what the
+    /// phone sent opens no other box's sealed password.
+    @Test func eachBoxGetsItsOwnSecret() {
+        let other = Fixtures.keyPair(0x44).publicKey
+        let mine = EscrowSeal.boxSecret(master: secret, boxKey: box), theirs = EscrowSeal.boxSecret(master: secret, boxKey: other)
+        #expect(!mine.isEqual(to: theirs) && !mine.isEqual(to: secret))
+        #expect(mine.isEqual(to: EscrowSeal.boxSecret(master: secret, boxKey: box)))
+        let sealed = EscrowSeal.seal(password: password, secret: mine, boxKey: box, phoneKey: phone, user: "alice")
+        #expect(throws: CryptoError.authenticationFailed) { try EscrowSeal.open(sealed, secret: theirs, boxKey: box, phoneKey: phone, user: "alice") }
+    }
+
     @Test func aPushSaysWhichKindItIs() throws {
         #expect(Fixtures.push().kind == .password)
         #expect(Fixtures.push(password: "").kind == .key)

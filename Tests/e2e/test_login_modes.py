@@ -203,7 +203,7 @@ def test_a_changed_password_destroys_the_sealed_copy_and_is_picked_up_at_the_nex
     code, out = world.finish(greeter)
     assert r.returncode != 0 and "sealed password was not accepted" in r.stderr, r.stdout + r.stderr
     assert sealed_records(world) == []
-    assert "destroyed the sealed password" in world.box_output()
+    assert "refuses the sealed password too" in world.box_output()
     # The next login with the phone near asks for the new password and seals it.
     world.module_options = "timeout=20 answer_prompt"
     r, code, out = capture(world, "a new horse")
@@ -385,3 +385,60 @@ def test_enter_after_the_offering_phone_left_brings_the_password_prompt_at_once(
     assert code == 0 and "successfully authenticated" in out, out
     assert time.monotonic() - start < 5, "waited for a push that could not come"
     assert "login accepted" not in world.box_output()
+
+
+def test_a_refused_login_keeps_a_copy_the_box_can_still_confirm(world):
+    """The stack's "no" is not proof the password changed (a locked account, a directory outage,
+    a cancelled prompt): someone without the phone must not be able to destroy the copy. It
+    goes only when the box's own password-only service refuses the sealed password too."""
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    # A stack that refuses whatever the password (as pam_faillock does for a locked account).
+    greeter = world.greeter(auth=[world.module_line(), world.matrix_line(), "auth required pam_deny.so"])
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and code != 0, r.stdout + r.stderr + out
+    assert len(sealed_records(world)) == 1
+    assert "the sealed password still checks out, kept" in world.box_output()
+
+
+def test_a_password_push_is_refused_for_a_user_in_escrow_mode(world):
+    """Escrow and key mode exist so that the phone holds no password: a phone that pushes one
+    anyway is refused, and the password is not used."""
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    world.pair_and_store()  # a phone holding alice's password
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "is in escrow mode for alice" in r.stderr, r.stdout + r.stderr
+    assert code == 0, out  # typed at the keyboard
+    assert "login attempt" not in world.box_output()
+
+
+def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
+    """Revocation answers a stolen phone: a capture whose check is still running when the phone
+    is revoked must not leave a sealed copy behind (the stolen phone's secret would open it)."""
+    world.settings["login"] = {"mode": "escrow"}
+    with open(os.path.join(world.box_pam, "boxkey-verify")) as f:
+        verify = f.read()
+    with open(os.path.join(world.box_pam, "boxkey-verify"), "w") as f:
+        f.write("auth required pam_exec.so quiet /bin/sleep 3\n" + verify)
+    world.start_box()
+    enrol_escrow(world)
+    greeter = world.greeter("authenticate", stdin=PASSWORD + "\n")
+    phone = world.phone_background("login", "--no-stay")
+    wait_for(lambda: "escrow capture attempt" in world.box_output(), timeout=20, what="the capture")
+    time.sleep(1.5)  # the stack has accepted; the box's own check sleeps
+    fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
+    assert world.admin("phones", "revoke", fingerprint).returncode == 0
+    phone.wait(30)
+    world.finish(greeter)
+    wait_for(lambda: "not sealing" in world.box_output() or "sealed for this phone" in world.box_output(), timeout=15, what="the check to end")
+    box = world.box_output()
+    assert sealed_records(world) == [], box[-2000:]
+    assert "was revoked while the password was checked" in box, "\n".join(l for l in box.splitlines() if " debug " not in l)[-3000:]

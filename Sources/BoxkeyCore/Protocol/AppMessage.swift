@@ -206,9 +206,12 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
     public var kind: Kind { isKeyLogin ? .key : Self.isEscrowForm(password) ? .escrow : .password }
 
     /// The escrow secret of an escrow push.
-    public var escrowSecret: SecureBytes? {
-        guard kind == .escrow else { return nil }
-        return password.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[1...])) }
+    public var escrowSecret: SecureBytes? { Self.escrowSecret(in: password) }
+
+    /// The secret in a field of the escrow form (what the phone's vault stores), else nil.
+    public static func escrowSecret(in field: SecureBytes) -> SecureBytes? {
+        guard isEscrowForm(field) else { return nil }
+        return field.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[1...])) }
     }
 
     /// The password field of an escrow push: NUL, then the secret.

@@ -50,8 +50,10 @@ public struct PromptTable: Sendable {
     }
 
     public enum Escrow: Sendable {
-        /// The sealed copy opened and its password went to the stack: a rejection destroys it.
-        case opened
+        /// The sealed copy opened and its password went to the stack. Destroyed only if the
+        /// box's own service then refuses that password (it changed): a stack's "no" may be a
+        /// locked account, a directory outage or a cancelled prompt.
+        case opened(password: SecureBytes)
         /// No copy yet: the person types the password at this prompt, and once the stack and
         /// the box's own check accept it, it is sealed under this secret from the phone.
         case capture(secret: SecureBytes)
