@@ -194,12 +194,7 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         }
         let pending = PendingLogin(client: client, debug: options.debug, raw: raw, ticket: ticket)
         pending.answer = PromptAnswer.install(on: pamh, password: password, answerFirst: options.answerPrompt)
-        pending.hookVerdict()
-        let stored = Unmanaged.passRetained(pending).toOpaque()
-        guard pam_set_data(raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
-            Unmanaged<PendingLogin>.fromOpaque(stored).release()
-            return PAM_SYSTEM_ERR
-        }
+        guard keep(pending, on: pamh) else { return PAM_SYSTEM_ERR }
         pamh.log(LOG_INFO, "credentials received from a phone")
         // PAM_IGNORE, not PAM_SUCCESS: the module's result never counts towards the stack's.
         // Only the verifier after it decides, whatever the control lines around it say (with
@@ -212,6 +207,35 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     }
 }
 
+/// Whether a key login or capture may take the prompt for `user`; `refused` carries what the
+/// caller returns (nil: step aside to the password prompt).
+private enum Claim { case claimed, refused(Int32?) }
+
+/// Takes `user` as the login's PAM_USER, unless the prompt is for someone else (a locker).
+private func claim(_ user: String, expected: String, what: String, client: PAMSocketClient, pamh: PAMHandle) -> Claim {
+    if !expected.isEmpty, expected != user {
+        pamh.log(LOG_NOTICE, "refusing a \(what) for another user: this prompt is for \(expected)")
+        try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
+        return .refused(nil)
+    }
+    guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS else {
+        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
+        return .refused(PAM_SYSTEM_ERR)
+    }
+    return .claimed
+}
+
+/// Hooks the verdict and hands `pending` to PAM, which frees it at pam_end (`pendingCleanup`).
+private func keep(_ pending: PendingLogin, on pamh: PAMHandle) -> Bool {
+    pending.hookVerdict()
+    let stored = Unmanaged.passRetained(pending).toOpaque()
+    guard pam_set_data(pamh.raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
+        Unmanaged<PendingLogin>.fromOpaque(stored).release()
+        return false
+    }
+    return true
+}
+
 /// Key mode: the daemon vouches that an enrolled phone asked, with its person's intent, to log
 /// `user` in here. Success, and the stack's end result goes back to the phone as for a push;
 /// nil: refused, step aside to the password prompt.
@@ -221,22 +245,9 @@ private func keyLogin(user: String, ticket: String, expected: String, client: PA
         try? client.send(.reportOutcome(.rejected, reason: "this login stack does not take key logins"))
         return nil
     }
-    if !expected.isEmpty, expected != user {
-        pamh.log(LOG_NOTICE, "refusing a key login for another user: this prompt is for \(expected)")
-        try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
-        return nil
-    }
-    guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS else {
-        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
-        return PAM_SYSTEM_ERR
-    }
+    if case .refused(let result) = claim(user, expected: expected, what: "key login", client: client, pamh: pamh) { return result }
     let pending = PendingLogin(client: client, debug: options.debug, raw: pamh.raw, ticket: ticket)
-    pending.hookVerdict()
-    let stored = Unmanaged.passRetained(pending).toOpaque()
-    guard pam_set_data(pamh.raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
-        Unmanaged<PendingLogin>.fromOpaque(stored).release()
-        return PAM_SYSTEM_ERR
-    }
+    guard keep(pending, on: pamh) else { return PAM_SYSTEM_ERR }
     pamh.log(LOG_INFO, "key login from an enrolled phone for \(user)")
     return PAM_SUCCESS
 }
@@ -245,15 +256,7 @@ private func keyLogin(user: String, ticket: String, expected: String, client: PA
 /// present; it goes on to the stack as PAM_AUTHTOK (and answers the verifier's prompt with
 /// `answer_prompt`), and on success to the daemon, which seals it for the phone. nil: step aside.
 private func escrowCapture(user: String, ticket: String, expected: String, client: PAMSocketClient, pamh: PAMHandle, options: ModuleOptions) -> Int32? {
-    if !expected.isEmpty, expected != user {
-        pamh.log(LOG_NOTICE, "refusing an escrow capture for another user: this prompt is for \(expected)")
-        try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
-        return nil
-    }
-    guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS else {
-        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
-        return PAM_SYSTEM_ERR
-    }
+    if case .refused(let result) = claim(user, expected: expected, what: "escrow capture", client: client, pamh: pamh) { return result }
     pamh.info(tr("{user}'s phone is here: type the password once, and the box keeps it sealed for that phone", ("user", user)))
     var token: UnsafePointer<CChar>?
     guard pam_get_authtok(pamh.raw, PAM_AUTHTOK, &token, nil) == PAM_SUCCESS, let token, token.pointee != 0 else {
@@ -263,12 +266,7 @@ private func escrowCapture(user: String, ticket: String, expected: String, clien
     let pending = PendingLogin(client: client, debug: options.debug, raw: pamh.raw, ticket: ticket)
     pending.captured = [UInt8](UnsafeRawBufferPointer(start: token, count: strlen(token)))
     pending.answer = PromptAnswer.install(on: pamh, password: pending.captured!, answerFirst: options.answerPrompt)
-    pending.hookVerdict()
-    let stored = Unmanaged.passRetained(pending).toOpaque()
-    guard pam_set_data(pamh.raw, pendingKey, stored, pendingCleanup) == PAM_SUCCESS else {
-        Unmanaged<PendingLogin>.fromOpaque(stored).release()
-        return PAM_SYSTEM_ERR
-    }
+    guard keep(pending, on: pamh) else { return PAM_SYSTEM_ERR }
     pamh.log(LOG_INFO, "escrow capture for \(user): the typed password goes to the stack")
     // As after a push: the verifier after this module decides.
     return PAM_IGNORE

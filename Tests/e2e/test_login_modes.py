@@ -88,15 +88,21 @@ def test_a_pam_line_without_the_key_option_refuses_a_key_login(world):
     assert "login rejected" in world.box_output()
 
 
+def refused_key_login(world, phone_says, stack=None):
+    """A key login the box refuses: the phone says `phone_says`, and the prompt still takes the
+    password typed at the keyboard."""
+    greeter = world.greeter(auth=stack or key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and phone_says in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+
+
 def test_a_service_outside_key_services_refuses_a_key_login(world):
     world.settings["login"] = {"mode": "key", "key_services": ["login"]}
     world.start_box()
     enrol_key_only(world)
-    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "prompt does not take key logins" in r.stderr, r.stdout + r.stderr
-    assert code == 0, out
+    refused_key_login(world, "prompt does not take key logins")
     assert "does not take key logins ([login] key_services)" in world.box_output()
 
 
@@ -106,11 +112,7 @@ def test_a_phone_not_yet_enrolled_cannot_key_login(world):
     world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
     world.start_box()
     enrol_key_only(world, enrol=False)
-    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "not enrolled for alice" in r.stderr, r.stdout + r.stderr
-    assert code == 0, out
+    refused_key_login(world, "not enrolled for alice")
     assert "a key login needs a phone enrolled for that user" in world.box_output()
 
 
@@ -120,11 +122,7 @@ def test_a_revoked_phone_cannot_key_login(world):
     enrol_key_only(world)
     fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
     assert world.admin("phones", "revoke", fingerprint).returncode == 0
-    greeter = world.greeter(auth=key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0, r.stdout + r.stderr
-    assert code == 0, out
+    refused_key_login(world, "revoked this phone")
     assert "key login attempt" not in world.box_output()
 
 
