@@ -300,7 +300,7 @@ def test_background_presence_link(world):
     assert "Agent running" in r.stdout and "Logged in to box 4821" in r.stdout and "holds the presence link" in r.stdout
     world.finish(greeter)
     status = world.phone("status").stdout
-    assert re.search(r"agent:\s+pid \d+, holding credentials for alice, presence link to box 4821", status), status
+    assert re.search(r"agent:\s+pid \d+, holding credentials for alice \(a password\), presence link to box 4821", status), status
     # Stopping the agent ends its presence link as walking away: the box locks by its policy.
     assert world.phone("agent", "stop").returncode == 0
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
