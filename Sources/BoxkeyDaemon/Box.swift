@@ -173,6 +173,13 @@ public actor Box {
         rejectedByPhone.window = next.rejectionWindow
         rejectedByUser.limit = next.rejectedPushesPerUser
         rejectedByUser.window = next.rejectionWindow
+        // Proximity turned off: an offer on a screen is withdrawn (Enter there brings the
+        // password prompt), unless the person already asked.
+        if !next.proximity {
+            for prompt in prompts.prompts.values where prompt.offer.map({ !$0.intent }) ?? false {
+                withdrawOffer(of: prompt.id, "proximity login was turned off at box \(identity.boxID)")
+            }
+        }
         // A prompt waiting in a service no longer listed stops waiting now (its password prompt
         // follows); one that waits longer than the new bound is cut to it.
         let now = clock.now

@@ -4,6 +4,7 @@ services and PAM lines an admin chose. Every refusal leaves the password prompt 
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -440,3 +441,22 @@ def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
     box = world.box_output()
     assert sealed_records(world) == [], box[-2000:]
     assert "was revoked while the password was checked" in box, "\n".join(l for l in box.splitlines() if " debug " not in l)[-3000:]
+
+
+def test_turning_proximity_off_withdraws_an_offer_on_the_screen(world, proximity_agent):
+    """An admin turns proximity off (SIGHUP) while an offer is up: Enter there no longer logs the
+    phone in; it brings the password prompt."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    proximity_agent("--sim-position", "1")
+    greeter = world.greeter(stdin=None)
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    world.settings["login"] = {"proximity": False}
+    world.config()
+    os.kill(world.box_process.pid, signal.SIGHUP)
+    wait_for(lambda: re.search(r"reloaded the configuration: changed .*proximity", world.box_output()), what="the reload")
+    greeter.type("\n" + PASSWORD + "\n")
+    code, out = world.finish(greeter)
+    assert code == 0 and "successfully authenticated" in out, out
+    assert "proximity intent" not in world.box_output() and "login accepted" not in world.box_output()
