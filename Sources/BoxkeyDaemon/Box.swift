@@ -499,30 +499,25 @@ public actor Box {
             finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
         }
+        // The mode the push is for must be the user's: a key or escrow login goes only where the
+        // box put the user in that mode, and a password pushed for a key or escrow user is refused
+        // (those modes exist so that the phone holds no password).
         let kind = push.kind
-        if kind == .password, config.loginMode(for: user) != .password {
-            // Key and escrow mode exist so that the phone holds no password: one pushed anyway
-            // is refused, not used (the site's rule is enforced here, not hoped for).
-            let mode = config.loginMode(for: user)
-            audit.audit(.notice, .pushRefused, "refused push: \(who): \(logSafe(user)) is in \(mode) mode, and this phone pushed a password", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) is in \(mode) mode for \(user): the phone must not hold the password (boxkey credentials set --\(mode == .key ? "key-only" : "escrow"))"), now: now)
+        let sent: DaemonConfig.LoginMode = switch kind { case .password: .password; case .key: .key; case .escrow: .escrow }
+        let mode = config.loginMode(for: user)
+        // A key or escrow login has no password the box could check a pending phone by.
+        guard sent == .password || enrolledFor.contains(user) else {
+            audit.audit(.notice, .pushRefused, "refused \(sent) login: \(who): a \(sent) login needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
         }
-        if kind != .password {
-            // A key or escrow login has no password the box could check a pending phone by:
-            // only an enrolled phone, and only for users the box puts in that mode.
-            let name = kind == .key ? "key login" : "escrow login"
-            guard enrolledFor.contains(user) else {
-                audit.audit(.notice, .pushRefused, "refused \(name): \(who): a \(name) needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
-                finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
-                return
-            }
-            let mode = config.loginMode(for: user)
-            guard mode == (kind == .key ? .key : .escrow) else {
-                audit.audit(.notice, .pushRefused, "refused \(name): \(who): the box is in \(mode) mode for this user", phone: phone.fingerprint, user: user)
-                finishLogin(on: id, LoginResult(.rejected, reason: "box \(identity.boxID) does not take \(name)s for \(user) (it is in \(mode) mode)"), now: now)
-                return
-            }
+        guard sent == mode else {
+            audit.audit(.notice, .pushRefused, "refused \(sent) login: \(who): the box is in \(mode) mode for this user", phone: phone.fingerprint, user: user)
+            let reason = sent == .password
+                ? "box \(identity.boxID) is in \(mode) mode for \(user): the phone must not hold the password (boxkey credentials set --\(mode == .key ? "key-only" : "escrow"))"
+                : "box \(identity.boxID) does not take \(sent) logins for \(user) (it is in \(mode) mode)"
+            finishLogin(on: id, LoginResult(.rejected, reason: reason), now: now)
+            return
         }
         if rejectedByUser.isLimited(user, now: now) {
             audit.audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes for this user", phone: phone.fingerprint, user: user)
@@ -537,7 +532,7 @@ public actor Box {
         case .none where config.logindUnlock && kind != .password:
             // Unlocking through logind checks a pushed password with the box's own service; key
             // and escrow logins go to prompts only.
-            audit.audit(.notice, .pushRefused, "refused key login: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
+            audit.audit(.notice, .pushRefused, "refused \(sent) login: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
         case .none where config.logindUnlock:
             links[id]?.prompt = nil
@@ -586,10 +581,9 @@ public actor Box {
             prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
             let attempt = switch (kind, escrowUse) {
-            case (.key, _): "key login"
+            case (.password, _): "login"
             case (.escrow, .capture?): "escrow capture"
-            case (.escrow, _): "escrow login"
-            default: "login"
+            default: "\(sent) login"
             }
             audit.audit(.info, .loginAttempt, "\(attempt) attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
             let answer: PromptAnswer = switch (kind, escrowUse) {

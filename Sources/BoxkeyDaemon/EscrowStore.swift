@@ -20,14 +20,11 @@ public struct EscrowStore: Sendable {
 
     public static func load(directory: String) throws -> EscrowStore {
         var store = EscrowStore(path: directory + "/escrow.json")
-        guard FileManager.default.fileExists(atPath: store.path) else { return store }
-        guard let data = FileManager.default.contents(atPath: store.path) else {
-            throw BoxIdentity.Error(description: "\(store.path) exists but cannot be read")
-        }
+        let bytes: [UInt8]?
+        do { bytes = try PrivateFiles.read(store.path) } catch { throw BoxIdentity.Error(description: "\(error)") }
+        guard let bytes else { return store }
         do {
-            let decoder = JSONDecoder()
-            decoder.dateDecodingStrategy = .iso8601
-            store.records = try decoder.decode([Record].self, from: data)
+            store.records = try AdminJSON.decode([Record].self, String(decoding: bytes, as: UTF8.self))
         } catch {
             throw BoxIdentity.Error(description: "\(store.path) is corrupt (\(error)); removing it loses only the sealed copies (each user types the password once more with the phone present)")
         }
