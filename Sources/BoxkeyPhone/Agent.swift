@@ -142,7 +142,7 @@ public actor Agent {
         return AgentStatus(pid: getpid(), credentialsHeld: held != nil, user: held?.user,
                            expiresInSeconds: held.map { Int(($0.until - clock.now).components.seconds) },
                            presence: presence.map { .init(box: $0.box.description, connected: $0.isConnected) },
-                           mode: kind.map { switch $0 { case .password: "password"; case .key: "key"; case .escrow: "escrow" } },
+                           mode: kind?.rawValue,
                            proximity: proximity != nil,
                            proximityOpen: proximity.flatMap { p in held.map { clock.now - $0.unlockedAt < p.window } })
     }
@@ -238,11 +238,7 @@ public actor Agent {
     /// prompt asks the person, and only their Enter there makes this phone push.
     public func proximityTick() async {
         // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
-        if presence == nil, let (air, address) = radio.simulated,
-           let move = SimMoves(directory: air.directory, address: address).take() {
-            log("Walking to \(move.to) m over \(move.over) s…")
-            air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
-        }
+        if presence == nil { radio.followSimMove(log: log) }
         guard let proximity, let held, clock.now - held.unlockedAt < proximity.window, !busy, !scanning, presence == nil,
               nextOffer.map({ clock.now >= $0 }) ?? true else { if !scanning { heardNear = [:] }; return }
         scanning = true

@@ -34,6 +34,14 @@ public final class PhoneRadio: Sendable {
         }
     }
 
+    /// Simulated radio: walks this phone as `boxkey sim move` asked, if it asked since the last
+    /// call (the presence link, or the agent while it holds none, calls this as it runs).
+    public func followSimMove(log: (String) -> Void) {
+        guard let (air, address) = simulated, let move = SimMoves(directory: air.directory, address: address).take() else { return }
+        log("Walking to \(move.to) m over \(move.over) s…")
+        air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
+    }
+
     init(bluez: BlueZCentral) {
         central = bluez
         simulated = nil

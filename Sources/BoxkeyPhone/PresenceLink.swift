@@ -60,9 +60,8 @@ public final class PresenceLink: Sendable {
     public func run() async -> Ending {
         let clock = MonotonicClock()
         var nextKeepalive = clock.now + keepalive
-        let moves = radio.simulated.map { SimMoves(directory: $0.air.directory, address: $0.address) }
         while true {
-            followMoves(moves)
+            radio.followSimMove(log: log)
             let (link, leave, action) = state.withLockedValue { s in (s.link, s.leave, s.actions.isEmpty ? nil : s.actions.removeFirst()) }
             if let detach = leave {
                 if detach { try? await link.send(.detach) }
@@ -91,7 +90,7 @@ public final class PresenceLink: Sendable {
             } catch BoxLink.Failure.linkLost(let reason) {
                 state.withLockedValue { $0.connected = false }
                 log("Presence link to box \(box) lost (\(reason)); looking for the box…")
-                switch await reattach(moves: moves) {
+                switch await reattach() {
                 case .back(let newLink):
                     state.withLockedValue { $0.link = newLink; $0.connected = true }
                     nextKeepalive = clock.now + keepalive
@@ -115,11 +114,11 @@ public final class PresenceLink: Sendable {
     private enum Reattach { case back(BoxLink), gone, left(detached: Bool) }
 
     /// Finds the box again and asks to be its presence link again (`attach`).
-    private func reattach(moves: SimMoves?) async -> Reattach {
+    private func reattach() async -> Reattach {
         let central = radio.centralForReattach()
         var phone = phone
         while true {
-            followMoves(moves)
+            radio.followSimMove(log: log)
             if let detach = state.withLockedValue({ $0.leave }) { return .left(detached: detach) }
             // No link to act on while looking for the box: whoever asked uses a new one.
             failPending()
@@ -134,12 +133,6 @@ public final class PresenceLink: Sendable {
             } catch {}
             await link.close()
         }
-    }
-
-    private func followMoves(_ moves: SimMoves?) {
-        guard let move = moves?.take(), let (air, address) = radio.simulated else { return }
-        log("Walking to \(move.to) m over \(move.over) s…")
-        air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
     }
 
     /// Lock or logout asked for while the link is ending or lost: not carried out here.

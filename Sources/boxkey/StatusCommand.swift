@@ -40,7 +40,12 @@ extension Boxkey {
                 Terminal.say("fingerprint: \(report.fingerprint)")
                 Terminal.say("credentials: \(report.vault.sentence)")
                 if let a = agent {
-                    let mode = a.mode.map { [" (a password)", " (no password: key mode)", " (an escrow secret)"][["password", "key", "escrow"].firstIndex(of: $0) ?? 0] } ?? ""
+                    let mode = switch a.mode.flatMap(CredentialPush.Kind.init) {
+                    case .password?: " (a password)"
+                    case .key?: " (no password: key mode)"
+                    case .escrow?: " (an escrow secret)"
+                    case nil: ""
+                    }
                     let proximity = a.proximity == true ? (a.proximityOpen == true ? ", proximity login on" : ", proximity login on (its 30 min after the PIN are over)") : ""
                     Terminal.say("agent:       pid \(a.pid), \(a.credentialsHeld ? "holding credentials for \(a.user ?? "?")\(mode)" : "credentials not held")\(a.presence.map { ", presence link to box \($0.box)\($0.connected ? "" : " (looking for it)")" } ?? "")\(proximity)")
                 } else {

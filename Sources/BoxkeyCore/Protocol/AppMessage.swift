@@ -200,7 +200,7 @@ public struct CredentialPush: Sendable, CustomStringConvertible {
     /// What the password field carries: a password (no NUL), nothing (a key login), or, in
     /// escrow mode, NUL then the phone's 32-byte escrow secret, which opens the password the box
     /// keeps sealed for this phone (docs/login-modes.md).
-    public enum Kind: Equatable, Sendable { case password, key, escrow }
+    public enum Kind: String, Equatable, Sendable { case password, key, escrow }
     public static let escrowSecretLength = 32
 
     public var kind: Kind { isKeyLogin ? .key : Self.isEscrowForm(password) ? .escrow : .password }
