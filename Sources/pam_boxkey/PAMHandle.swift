@@ -33,43 +33,41 @@ struct PAMHandle {
     /// (PAM_PROMPT_ECHO_OFF). The answer's bytes are the caller's to wipe; nil when the
     /// conversation failed (the application has none, or the person cancelled).
     func askHidden(_ text: String) -> [UInt8]? {
-        var conv: UnsafeRawPointer?
-        guard pam_get_item(raw, PAM_CONV, &conv) == PAM_SUCCESS, let conv else { return nil }
-        let c = conv.assumingMemoryBound(to: pam_conv.self).pointee
-        guard let fn = c.conv else { return nil }
-        return text.withCString { cstring -> [UInt8]? in
-            var message = pam_message(msg_style: PAM_PROMPT_ECHO_OFF, msg: cstring)
-            return withUnsafePointer(to: &message) { m -> [UInt8]? in
-                var list: UnsafePointer<pam_message>? = m
-                var response: UnsafeMutablePointer<pam_response>?
-                guard fn(1, &list, &response, c.appdata_ptr) == PAM_SUCCESS, let response else { return nil }
-                defer { free(response) }
-                guard let r = response.pointee.resp else { return [] }
-                let n = strlen(r)
-                let answer = [UInt8](UnsafeRawBufferPointer(start: r, count: n))
-                memset(r, 0, n)
-                free(r)
-                return answer
-            }
-        }
+        converse(PAM_PROMPT_ECHO_OFF, text) { response -> [UInt8]? in
+            guard let response else { return nil }
+            guard let answer = response.resp else { return [] }
+            let n = strlen(answer)
+            defer { memset(answer, 0, n) }
+            return [UInt8](UnsafeRawBufferPointer(start: answer, count: n))
+        } ?? nil
     }
 
     /// Shows a line to the user (PAM_TEXT_INFO) through the application's conversation.
     func info(_ text: String) {
+        _ = converse(PAM_TEXT_INFO, text) { _ in () }
+    }
+
+    /// One message through the application's conversation; `read` sees the response (nil: the
+    /// application gave none) before it is freed. nil when there is no conversation or it failed.
+    private func converse<T>(_ style: Int32, _ text: String, read: (pam_response?) -> T) -> T? {
         var conv: UnsafeRawPointer?
-        guard pam_get_item(raw, PAM_CONV, &conv) == PAM_SUCCESS, let conv else { return }
+        guard pam_get_item(raw, PAM_CONV, &conv) == PAM_SUCCESS, let conv else { return nil }
         let c = conv.assumingMemoryBound(to: pam_conv.self).pointee
-        guard let fn = c.conv else { return }
-        text.withCString { cstring in
-            var message = pam_message(msg_style: PAM_TEXT_INFO, msg: cstring)
-            withUnsafePointer(to: &message) { m in
+        guard let fn = c.conv else { return nil }
+        return text.withCString { cstring -> T? in
+            var message = pam_message(msg_style: style, msg: cstring)
+            return withUnsafePointer(to: &message) { m -> T? in
                 var list: UnsafePointer<pam_message>? = m
                 var response: UnsafeMutablePointer<pam_response>?
-                _ = fn(1, &list, &response, c.appdata_ptr)
-                if let response {
-                    if let r = response.pointee.resp { free(r) }
-                    free(response)
+                let rc = fn(1, &list, &response, c.appdata_ptr)
+                defer {
+                    if let response {
+                        if let r = response.pointee.resp { free(r) }
+                        free(response)
+                    }
                 }
+                guard rc == PAM_SUCCESS else { return nil }
+                return read(response?.pointee)
             }
         }
     }
