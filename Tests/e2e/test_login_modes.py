@@ -26,6 +26,17 @@ def enrol_key_only(world, enrol=True):
     assert r.returncode == 0 and "no password" in r.stdout, r.stdout + r.stderr
 
 
+def refused_login(world, phone_says, stack=None, typed=PASSWORD):
+    """A phone login the box refuses: the phone says `phone_says`, and the prompt (the World's
+    stack with a 5 s wait, unless `stack`) still takes the password typed at the keyboard."""
+    world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter(auth=stack, stdin=typed + "\n")
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and phone_says in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+
+
 @pytest.mark.both_radios
 def test_key_mode_logs_in_with_no_password_anywhere(world):
     world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
@@ -55,12 +66,7 @@ def test_key_mode_logs_in_with_no_password_anywhere(world):
 def test_key_login_is_refused_in_password_mode_and_the_prompt_still_works(world):
     world.start_box()  # [login] mode defaults to password
     enrol_key_only(world)
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "does not take key logins for alice" in r.stderr, r.stdout + r.stderr
-    assert code == 0 and "successfully authenticated" in out, out  # typed at the keyboard
+    refused_login(world, "does not take key logins for alice")
     assert "refused key login" in world.box_output() and "key login attempt" not in world.box_output()
 
 
@@ -89,14 +95,8 @@ def test_a_pam_line_without_the_key_option_refuses_a_key_login(world):
     assert "login rejected" in world.box_output()
 
 
-def refused_key_login(world, phone_says, stack=None):
-    """A key login the box refuses: the phone says `phone_says`, and the prompt still takes the
-    password typed at the keyboard."""
-    greeter = world.greeter(auth=stack or key_stack(world, options="timeout=5 key"), stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and phone_says in r.stderr, r.stdout + r.stderr
-    assert code == 0 and "successfully authenticated" in out, out
+def refused_key_login(world, phone_says):
+    refused_login(world, phone_says, stack=key_stack(world, options="timeout=5 key"))
 
 
 def test_a_service_outside_key_services_refuses_a_key_login(world):
@@ -231,12 +231,7 @@ def test_a_new_escrow_secret_cannot_open_the_old_copy(world):
     r, code, _ = capture(world)
     assert r.returncode == 0 and code == 0, r.stderr
     assert world.phone("credentials", "set", "--user", "alice", "--escrow").returncode == 0
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "does not open with this phone's secret" in r.stderr, r.stdout + r.stderr
-    assert code == 0, out  # typed at the keyboard after the phone was refused
+    refused_login(world, "does not open with this phone's secret")
     assert sealed_records(world) == []
 
 
@@ -253,12 +248,7 @@ def test_a_wrong_typed_password_seals_nothing(world):
 def test_an_escrow_login_is_refused_in_password_mode(world):
     world.start_box()
     enrol_escrow(world)
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "does not take escrow logins" in r.stderr, r.stdout + r.stderr
-    assert code == 0, out
+    refused_login(world, "does not take escrow logins")
     assert sealed_records(world) == []
 
 
@@ -410,12 +400,7 @@ def test_a_password_push_is_refused_for_a_user_in_escrow_mode(world):
     world.settings["login"] = {"mode": "escrow"}
     world.start_box()
     world.pair_and_store()  # a phone holding alice's password
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(stdin=PASSWORD + "\n")
-    r = world.phone("login", "--no-stay")
-    code, out = world.finish(greeter)
-    assert r.returncode != 0 and "is in escrow mode for alice" in r.stderr, r.stdout + r.stderr
-    assert code == 0, out  # typed at the keyboard
+    refused_login(world, "is in escrow mode for alice")
     assert "login attempt" not in world.box_output()
 
 
