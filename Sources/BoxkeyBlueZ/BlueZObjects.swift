@@ -241,8 +241,12 @@ public struct BlueZAdapter: Sendable, Hashable {
         let adapters = all(in: objects)
         if adapters.isEmpty, objects.objects(with: "org.bluez.AgentManager1").isEmpty {
             // The first read's error was let pass (a box waits for bluetoothd); say what it was.
+            // A bluetoothd just restarted can take longer than one 5 s call to answer (seen in
+            // the lab under load): a timed-out read is tried once more.
             do { try await objects.reload() } catch {
-                throw RadioError.unavailable("cannot read bluetoothd's objects: \(BlueZ.radioError(error))")
+                guard case .timedOut = BlueZ.radioError(error), (try? await objects.reload()) != nil else {
+                    throw RadioError.unavailable("cannot read bluetoothd's objects: \(BlueZ.radioError(error))")
+                }
             }
             if all(in: objects).isEmpty, objects.objects(with: "org.bluez.AgentManager1").isEmpty {
                 throw RadioError.unavailable("bluetoothd is not running (no org.bluez on the system bus)")
