@@ -43,7 +43,7 @@ def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
         if predicate():
             return True
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
 def stop_process(p, sig=signal.SIGTERM, grace=5.0):

@@ -88,6 +88,24 @@ def start_bluetoothd(config=None):
         btmgmt(adapter, "power", "on")
 
 
+def bluetoothd_answers():
+    """Whether bluetoothd answers a read of its objects within 5 s."""
+    r = subprocess.run(["busctl", "--timeout=5", "call", "org.bluez", "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects"],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+def bluetoothd_blocked_in():
+    """Where bluetoothd's main thread sits in the kernel (for a failure message)."""
+    found = []
+    for pid in pids("bluetoothd"):
+        try:
+            found.append(f"{pid}: wchan {open(f'/proc/{pid}/wchan').read()}; stat {open(f'/proc/{pid}/stat').read().split()[2]}")
+        except OSError as e:
+            found.append(f"{pid}: {e}")
+    return "; ".join(found) or "no bluetoothd"
+
+
 def restart_bluetoothd(config=None, sig=signal.SIGTERM):
     stop_all("bluetoothd", sig)
     start_bluetoothd(config)
