@@ -59,6 +59,10 @@ let package = Package(
         // A small D-Bus layer over libdbus-1: calls, signals, exported objects, fd passing.
         .target(name: "BoxkeyDBus", dependencies: ["CDBus", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
 
+        // libldap (OpenLDAP's client), for the fleet directory: connect with TLS, bind, paged
+        // search, change one value. Its synchronous API, wrapped in C (LDAPMod's unions).
+        .target(name: "CBoxkeyLDAP", linkerSettings: [.linkedLibrary("ldap"), .linkedLibrary("lber")]),
+
         // libbluetooth, for what BlueZ's D-Bus API lacks (connected-link RSSI).
         .target(name: "CBoxkeyHCI", linkerSettings: [.linkedLibrary("bluetooth")]),
 
@@ -97,7 +101,7 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CPAM", "CSystemd",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CBoxkeyLDAP", "CPAM", "CSystemd",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             .product(name: "UnixSignals", package: "swift-service-lifecycle"),

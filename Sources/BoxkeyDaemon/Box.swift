@@ -80,6 +80,11 @@ public actor Box {
     var registered = SessionRegistry()
     /// Users whose session the box locked: a phone must push again (unlock), not just attach.
     var lockedUsers: Set<String> = []
+    /// The fleet directory's phones as last read (nil: no `[fleet]`, or never read).
+    var fleetRoster: FleetRoster?
+    var fleetHealth = FleetHealth()
+    /// Publishes a phone enrolled here by a pairing code to the directory (`[fleet] publish`).
+    var fleetPublisher: (@Sendable (PublicKey, String, String) -> Void)?
 
     // Presence
     var presences: [CentralID: PresenceMonitor] = [:]
@@ -323,8 +328,8 @@ public actor Box {
     /// only pair; revoked keys nothing; a phone over its rejection budget waits.
     private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, fromLimitedAddress limited: Bool, now: Duration) -> Refusal.Code? {
         if registry.isRevoked(phone) { return .phoneRevoked }
-        if limited, registry.users(of: phone).isEmpty { return .rateLimited }
-        if kind == .login, registry.users(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
+        if limited, enrolledUsers(of: phone).isEmpty { return .rateLimited }
+        if kind == .login, enrolledUsers(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
             return .notEnrolled
         }
         if rejectedByPhone.isLimited(phone, now: now) { return .rateLimited }
@@ -404,7 +409,7 @@ public actor Box {
         }
     }
 
-    private func drop(_ id: CentralID) {
+    func drop(_ id: CentralID) {
         links[id]?.dropped = true
         outboxContinuation.yield(.disconnect(id))
     }
@@ -450,6 +455,7 @@ public actor Box {
             do {
                 try registry.enrol(phone, user: user, name: "", by: "pairing code (admin)")
                 audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin's pairing code", phone: phone.fingerprint, user: user)
+                publishToFleet(phone, user: user, name: "")
             } catch {
                 logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
                 outcome = .failed
@@ -492,7 +498,7 @@ public actor Box {
         guard let phone = links[id]?.connection.phoneKey else { return }
         let user = push.user
         let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
-        let enrolledFor = registry.users(of: phone)
+        let enrolledFor = enrolledUsers(of: phone)
         let pending = enrolment.pendingEnrolment(of: phone, now: now)
         guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user)) else {
             audit.audit(.notice, .pushRefused, "refused push: \(who): this phone is not enrolled for that user", phone: phone.fingerprint, user: user)
@@ -609,7 +615,7 @@ public actor Box {
             finishLogin(on: id, LoginResult(outcome, reason: reason), now: now)
         }
         guard config.proximity else { return refuse(.notAtPrompt, "proximity login is off ([login] proximity)", "box \(identity.boxID) does not take proximity logins") }
-        guard registry.users(of: phone).contains(user) else {
+        guard enrolledUsers(of: phone).contains(user) else {
             return refuse(.wrongUser, "a proximity offer needs a phone enrolled for that user", "this phone is not enrolled for \(user) at box \(identity.boxID)")
         }
         guard !rejectedByUser.isLimited(user, now: now) else { return refuse(.rejected, "too many rejected pushes for this user", "too many rejected pushes for \(user); try later") }
@@ -706,10 +712,11 @@ public actor Box {
     /// the login on record, the session it unlocked bound to the phone, and its presence link.
     private func credit(_ phone: PublicKey, user: String, name: String, on link: CentralID, session: LoginSession?,
                         service: String, now: Duration) {
-        if !registry.users(of: phone).contains(user) {
+        if !enrolledUsers(of: phone).contains(user) {
             do {
                 try registry.enrol(phone, user: user, name: name, by: "pairing code")
                 audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) (\(logSafe(name))) for user \(logSafe(user)) by its first login under a pairing code", phone: phone.fingerprint, user: user)
+                publishToFleet(phone, user: user, name: name)
             } catch {
                 logger.error("cannot enrol phone \(phone.fingerprint): \(error)")
             }
@@ -848,7 +855,8 @@ public actor Box {
             }
         }
         let now = clock.now
-        if verdict == .accepted, registry.isRevoked(v.phone) {
+        if verdict == .accepted, registry.isRevoked(v.phone)
+            || (!enrolledUsers(of: v.phone).contains(v.user) && enrolment.pendingEnrolment(of: v.phone, now: now) == nil) {
             // Revoked while the stack or the box's own check ran: no credit, no presence link.
             audit.audit(.notice, .loginRejected, "login completed, but phone \(v.phone.fingerprint) was revoked meanwhile: \(who); no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             _ = registered.redeem(v.ticket, user: v.user, now: now)
@@ -906,7 +914,7 @@ public actor Box {
                           "the box could not confirm the typed password; nothing was sealed")
         }
         // Revoked (or unenrolled) while the check ran: nothing is sealed for it.
-        guard registry.users(of: v.phone).contains(v.user) else {
+        guard enrolledUsers(of: v.phone).contains(v.user) else {
             return refuse("phone \(v.phone.fingerprint) was revoked while the password was checked", "this phone was revoked at box \(identity.boxID); nothing was sealed")
         }
         let sealed = EscrowSeal.seal(password: password, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: v.phone, user: v.user)
@@ -958,7 +966,7 @@ public actor Box {
 
     private func act(_ action: ActionResult.Action, for id: CentralID) async {
         guard let phone = links[id]?.connection.phoneKey else { return }
-        let users = registry.users(of: phone)
+        let users = enrolledUsers(of: phone)
         var outcome: ActionResult.Outcome = .noSession
         if users.isEmpty {
             audit.audit(.notice, .pushRefused, "refused \(action) from phone \(phone.fingerprint): not enrolled", phone: phone.fingerprint)
@@ -1232,7 +1240,8 @@ public actor Box {
             enrolledPhones: registry.phones.filter(\.enrolled).count, revokedPhones: registry.phones.filter(\.revoked).count,
             login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(), escrowUsers: config.escrowUsers.sorted(),
                          sealedPasswords: escrow.records.count, proximity: config.proximity,
-                         keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()))
+                         keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()),
+            fleet: fleetStatus())
     }
 
     private func wakeTimers() {

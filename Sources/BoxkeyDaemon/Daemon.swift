@@ -58,8 +58,12 @@ public enum Daemon {
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
         let presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
         let reloader = ReloadService(box: box, load: reload ?? { config }, logger: logger)
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: radio), .init(service: presence), .init(service: bridge), .init(service: reloader)]
+        if let fleet = config.fleet {
+            services.append(.init(service: FleetService(box: box, settings: fleet, stateDirectory: config.stateDirectory, logger: logger)))
+        }
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: radio), .init(service: presence), .init(service: bridge), .init(service: reloader)],
+            services: services,
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         try await group.run()

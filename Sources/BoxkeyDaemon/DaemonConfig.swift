@@ -87,6 +87,38 @@ public struct DaemonConfig: Sendable, Equatable {
     /// `verifyService` and the session unlocked through logind.
     public var logindUnlock = false
 
+    // [fleet]
+    /// The fleet directory (docs/fleet.md): phones enrolled once for every box. Nil: this box
+    /// knows only its own enrolments.
+    public var fleet: Fleet?
+
+    public struct Fleet: Sendable, Equatable {
+        /// ldaps://host, ldap://host with `startTLS`, or ldapi:// (a local socket).
+        public var uri: String
+        /// Where the users' entries are (searched as a subtree).
+        public var base: String
+        /// The box's service account (read the phones; write them only with `publish`).
+        /// Empty: anonymous; "EXTERNAL": SASL EXTERNAL over ldapi://.
+        public var bindDN = ""
+        public var bindPasswordFile = "/etc/boxkey/fleet-bind-password"
+        public var caFile = ""
+        public var startTLS = false
+        /// How often the box reads the roster: the longest a revocation takes to reach it.
+        public var refresh: Duration = .seconds(60)
+        /// How long the box trusts its last read while the directory is away; then fleet
+        /// phones are refused (passwords still work).
+        public var maxStale: Duration = .seconds(3600)
+        /// Whether a phone enrolled here by a pairing code is published to the directory for
+        /// every box (the service account needs write access to `boxkeyPhone`).
+        public var publish = false
+        /// The attribute that holds the login name.
+        public var userAttribute = "uid"
+        /// Every network wait (connect, TLS, bind, each page).
+        public var timeout: Duration = .seconds(5)
+
+        public init(uri: String, base: String) { self.uri = uri; self.base = base }
+    }
+
     public static let defaultPhoneLoginServices: Set<String> = [
         "login", "gdm-password", "gdm-boxkey", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
         "xscreensaver", "gnome-screensaver", "cinnamon-screensaver", "mate-screensaver", "xfce4-screensaver",
@@ -121,6 +153,7 @@ public struct DaemonConfig: Sendable, Equatable {
         .init("[radio] sim_position", \.simPosition),
         .init("[pam] socket", \.pamSocket),
         .init("[pam] allowed_uids", \.pamAllowedUIDs),
+        .init("[fleet]", \.fleet),
     ]
 
     /// The settings (by their names here) whose values differ between the two.
@@ -171,7 +204,33 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         var c = DaemonConfig()
         let reader = Reader(source: source)
-        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login"])
+        try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login", "fleet"])
+        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s"]) {
+            guard let uri = try reader.string(t, "uri"), let base = try reader.string(t, "base") else {
+                throw reader.error(t.line, "[fleet] needs uri and base (docs/fleet.md)")
+            }
+            var f = Fleet(uri: uri, base: base)
+            f.startTLS = try reader.bool(t, "starttls") ?? f.startTLS
+            // The service account's password crosses the network: never in clear.
+            let scheme = uri.lowercased()
+            guard scheme.hasPrefix("ldaps://") || scheme.hasPrefix("ldapi://") || (scheme.hasPrefix("ldap://") && f.startTLS) else {
+                throw reader.error(t["uri"]!.line, "[fleet] uri must be ldaps://, ldapi://, or ldap:// with starttls = true (the directory is never read in clear)")
+            }
+            guard !uri.contains(where: { $0.isWhitespace }) else { throw reader.error(t["uri"]!.line, "[fleet] uri is one URI") }
+            f.bindDN = try reader.string(t, "bind_dn") ?? f.bindDN
+            f.bindPasswordFile = try reader.string(t, "bind_password_file") ?? f.bindPasswordFile
+            f.caFile = try reader.string(t, "ca_file") ?? f.caFile
+            f.refresh = try reader.seconds(t, "refresh_s", 5...86_400) ?? f.refresh
+            f.maxStale = try reader.seconds(t, "max_stale_s", 60...2_592_000) ?? f.maxStale
+            guard f.maxStale > f.refresh else { throw reader.error((t["max_stale_s"] ?? t["refresh_s"])!.line, "[fleet] max_stale_s must be longer than refresh_s") }
+            f.publish = try reader.bool(t, "publish") ?? f.publish
+            f.userAttribute = try reader.string(t, "user_attribute") ?? f.userAttribute
+            guard !f.userAttribute.isEmpty, f.userAttribute.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
+                throw reader.error(t["user_attribute"]!.line, "[fleet] user_attribute must be an attribute name")
+            }
+            f.timeout = try reader.seconds(t, "timeout_s", 1...60) ?? f.timeout
+            c.fleet = f
+        }
         if let t = try reader.section(table, "login", keys: ["mode", "key_users", "escrow_users", "key_services", "proximity"]) {
             c.proximity = try reader.bool(t, "proximity") ?? c.proximity
             if let m = try reader.string(t, "mode") {

@@ -25,6 +25,7 @@ public enum AuditEvent: String, CaseIterable, Sendable {
     case sessionRefused = "session-refused"
     case sessionAction = "session-action"
     case presence
+    case fleet
 
     /// 128-bit IDs made once (`journalctl --new-id128`); never change one.
     public var messageID: String {
@@ -38,6 +39,7 @@ public enum AuditEvent: String, CaseIterable, Sendable {
         case .pairing: "d819ef09fde94de1bcb1dce26ee4239f"
         case .pairingFailed: "c77f02fbac6a4d529a1aca32a7ae39c0"
         case .pairingCode: "63db96cfa42e4378a977d460891892a4"
+        case .fleet: "f3722571fcbf4dd88e3804cc054b84af"
         case .enrolled: "0da6bf58a7174897b58cdbfa8e706ec7"
         case .revoked: "0a16a54fa82c4060ad437660b64fa218"
         case .sessionRegistered: "3ec866fa16a54989bee4a6909fb8e98a"

@@ -50,6 +50,18 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         public var keyServices: [String]
     }
     public var login: LoginModes
+    /// `[fleet]`: the directory, what the box last read of it, and whether that is still used.
+    public struct Fleet: Codable, Sendable, Equatable {
+        public var uri: String
+        public var phones: Int
+        public var lastReadAgeSeconds: Int?
+        /// Whether fleet phones are taken now (the last read is within max_stale_s).
+        public var fresh: Bool
+        public var maxStaleSeconds: Int
+        public var error: String?
+        public var publish: Bool
+    }
+    public var fleet: Fleet?
 
     /// For people: one line per field, "none" where a list is empty, phone-supplied text escaped.
     public var text: String {
@@ -75,6 +87,11 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         if login.proximity { lines.append("proximity:   on (a near phone offers; Enter at the prompt logs in)") }
         if login.mode == "escrow" || !login.escrowUsers.isEmpty || login.sealedPasswords > 0 {
             lines.append("escrow:      \(login.sealedPasswords) sealed password(s)")
+        }
+        if let fleet {
+            let read = fleet.lastReadAgeSeconds.map { "read \($0) s ago" } ?? "never read"
+            let state = fleet.fresh ? "\(fleet.phones) phone(s) taken" : "fleet phones REFUSED (no read within \(fleet.maxStaleSeconds) s)"
+            lines.append("fleet:       \(fleet.uri): \(read); \(state)\(fleet.publish ? "; publishes enrolments" : "")\(fleet.error.map { "; last error: \($0)" } ?? "")")
         }
         if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
         return lines.joined(separator: "\n")

@@ -1,0 +1,97 @@
+import BoxkeyCore
+import BoxkeyHost
+import FoundationEssentials
+
+/// The fleet's phones as the directory last said: which users each phone key may log in as.
+/// Read whole every `[fleet] refresh_s` (one paged search), kept in `<state>/fleet-roster.json`
+/// (0600) so a restarted box works from it while the directory is away, but only for
+/// `[fleet] max_stale_s` after the read: then fleet phones are refused (fail closed) until the
+/// directory answers again. Local enrolment (`phones.json`) and local revocation are apart
+/// from it; a phone revoked at this box stays refused whatever the directory says.
+public struct FleetRoster: Sendable, Codable, Equatable {
+    public struct Phone: Sendable, Codable, Equatable {
+        public var users: [String]
+        public var name: String
+    }
+
+    /// When the directory was read (wall clock: the age must survive a restart).
+    public var readAt: Date
+    /// By phone key (64 hex digits).
+    public var phones: [String: Phone]
+
+    public init(readAt: Date, phones: [String: Phone] = [:]) {
+        self.readAt = readAt
+        self.phones = phones
+    }
+
+    /// Adds one directory entry: `user` and the values of its phone attribute. A value that is
+    /// not a phone key (hand-edited, another tool's) is skipped and returned, for the log.
+    @discardableResult
+    public mutating func add(user: String, values: [String]) -> [String] {
+        var skipped: [String] = []
+        for value in values {
+            guard let (key, name) = Self.parse(value) else { skipped.append(value); continue }
+            let k = hex(key.bytes)
+            var phone = phones[k] ?? Phone(users: [], name: name)
+            if !phone.users.contains(user) { phone.users.append(user) }
+            phones[k] = phone
+        }
+        return skipped
+    }
+
+    /// The users `key` may log in as, or none once the roster is older than `maxStale`.
+    public func users(of key: PublicKey, now: Date, maxStale: Duration) -> [String] {
+        guard isFresh(now: now, maxStale: maxStale) else { return [] }
+        return phones[hex(key.bytes)]?.users ?? []
+    }
+
+    public func isFresh(now: Date, maxStale: Duration) -> Bool {
+        let age = now.timeIntervalSince(readAt)
+        return age >= -60 && age <= Double(maxStale.components.seconds)
+    }
+
+    /// Phone keys whose users shrank from `old` to `self` (revoked in the directory), with
+    /// the users they lost.
+    public func lost(since old: FleetRoster) -> [(key: String, users: [String])] {
+        old.phones.compactMap { k, phone in
+            let lost = phone.users.filter { !(phones[k]?.users.contains($0) ?? false) }
+            return lost.isEmpty ? nil : (k, lost)
+        }.sorted { $0.key < $1.key }
+    }
+
+    // MARK: - The attribute's values
+
+    /// A value of `boxkeyPhone`: the phone's public key in 64 hex digits, then optionally a
+    /// space and a name (printable ASCII: the attribute is an IA5String).
+    public static func value(key: PublicKey, name: String) -> String {
+        let printable = String(name.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7f }.map(Character.init))
+            .trimmed.prefix(64)
+        return printable.isEmpty ? hex(key.bytes) : "\(hex(key.bytes)) \(printable)"
+    }
+
+    public static func parse(_ value: String) -> (key: PublicKey, name: String)? {
+        let parts = value.split(separator: " ", maxSplits: 1)
+        guard let first = parts.first, first.count == 64, let bytes = unhex(String(first).lowercased()),
+              let key = try? PublicKey(bytes) else { return nil }
+        return (key, parts.count > 1 ? String(parts[1]) : "")
+    }
+
+    // MARK: - The cache file
+
+    public static func load(path: String) throws -> FleetRoster? {
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        guard let data = FileManager.default.contents(atPath: path) else { throw BoxIdentity.Error(description: "\(path) exists but cannot be read") }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        do { return try decoder.decode(FleetRoster.self, from: data) } catch {
+            throw BoxIdentity.Error(description: "\(path) is corrupt (\(error)); it is only a cache: the next read of the directory replaces it")
+        }
+    }
+
+    public func save(path: String) throws {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        try PrivateFiles.write(try encoder.encode(self), to: path)
+    }
+}

@@ -1,0 +1,67 @@
+import BoxkeyCore
+import FoundationEssentials
+import Logging
+import NIOPosix
+import ServiceLifecycle
+
+/// Reads the fleet directory every `[fleet] refresh_s` and hands the roster to the box; keeps
+/// the last read in `<state>/fleet-roster.json` for a restart while the directory is away; and
+/// publishes phones enrolled here when `[fleet] publish` is on. Directory calls block, so they
+/// run on NIO's thread pool, never on the box's actor.
+struct FleetService: Service {
+    let box: Box
+    let directory: FleetDirectory
+    let cachePath: String
+    let logger: Logger
+
+    init(box: Box, settings: DaemonConfig.Fleet, stateDirectory: String, logger: Logger) {
+        self.box = box
+        directory = FleetDirectory(settings: settings)
+        cachePath = stateDirectory + "/fleet-roster.json"
+        self.logger = logger
+    }
+
+    func run() async throws {
+        do {
+            if let cached = try FleetRoster.load(path: cachePath) {
+                await box.fleetCacheLoaded(cached)
+                logger.info("fleet: \(cached.phones.count) phone(s) from the cache of \(cached.readAt.formatted(.iso8601)) until the directory answers")
+            }
+        } catch {
+            logger.warning("fleet: \(error)")
+        }
+        let directory = directory, logger = logger
+        await box.setFleetPublisher { key, user, name in
+            Task {
+                do {
+                    try await NIOThreadPool.singleton.runIfActive { try directory.add(key: key, name: name, user: user) }
+                    logger.notice("fleet: published phone \(key.fingerprint) for \(logSafe(user)) to the directory", metadata: ["audit": "true"])
+                } catch {
+                    logger.error("fleet: could not publish phone \(key.fingerprint) for \(logSafe(user)) to the directory (it is enrolled at this box only): \(error)")
+                }
+            }
+        }
+        var phonesBefore: Int?
+        while !Task.isShuttingDownGracefully {
+            let started = ContinuousClock.now
+            var wait = directory.settings.refresh
+            do {
+                let (roster, requests, skipped) = try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
+                let took = ContinuousClock.now - started
+                let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+                await box.fleetRead(roster, requests: requests, seconds: seconds)
+                if phonesBefore != roster.phones.count {
+                    logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(skipped > 0 ? "; skipped \(skipped) value(s) that are not phone keys" : "")")
+                    phonesBefore = roster.phones.count
+                }
+                do { try roster.save(path: cachePath) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
+            } catch {
+                await box.fleetReadFailed("\(error)")
+                // Retry sooner than the refresh, not in a tight loop.
+                wait = min(wait, .seconds(15))
+            }
+            let pause = wait
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: pause) }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+#define LDAP_DEPRECATED 0
+#include <ldap.h>
+#include <lber.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include "boxkey_ldap.h"
+
+static int fail(int rc, LDAP *ld, const char *what, char *err, size_t err_len) {
+    char *diagnostic = NULL;
+    if (ld) ldap_get_option(ld, LDAP_OPT_DIAGNOSTIC_MESSAGE, &diagnostic);
+    snprintf(err, err_len, "%s: %s%s%s", what, ldap_err2string(rc),
+             diagnostic && *diagnostic ? " (" : "", diagnostic && *diagnostic ? diagnostic : "");
+    if (diagnostic && *diagnostic) strncat(err, ")", err_len - strlen(err) - 1);
+    ldap_memfree(diagnostic);
+    return rc ? rc : LDAP_OTHER;
+}
+
+int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const char *ca_file,
+                     const char *bind_dn, const char *password, int timeout_s,
+                     char *err, size_t err_len) {
+    LDAP *ld = NULL;
+    *out = NULL;
+    int rc = ldap_initialize(&ld, uri);
+    if (rc != LDAP_SUCCESS) return fail(rc, NULL, "bad directory URI", err, err_len);
+    int version = LDAP_VERSION3, demand = LDAP_OPT_X_TLS_DEMAND, zero = 0;
+    struct timeval timeout = { timeout_s, 0 };
+    ldap_set_option(ld, LDAP_OPT_PROTOCOL_VERSION, &version);
+    ldap_set_option(ld, LDAP_OPT_REFERRALS, LDAP_OPT_OFF);
+    ldap_set_option(ld, LDAP_OPT_NETWORK_TIMEOUT, &timeout);
+    ldap_set_option(ld, LDAP_OPT_TIMEOUT, &timeout);
+    /* The server's certificate is always checked (never "allow" or "never"). */
+    ldap_set_option(ld, LDAP_OPT_X_TLS_REQUIRE_CERT, &demand);
+    if (ca_file && *ca_file) ldap_set_option(ld, LDAP_OPT_X_TLS_CACERTFILE, ca_file);
+    ldap_set_option(ld, LDAP_OPT_X_TLS_NEWCTX, &zero);
+    if (starttls) {
+        rc = ldap_start_tls_s(ld, NULL, NULL);
+        if (rc != LDAP_SUCCESS) { fail(rc, ld, "StartTLS failed", err, err_len); ldap_unbind_ext_s(ld, NULL, NULL); return rc; }
+    }
+    if (bind_dn && strcmp(bind_dn, "EXTERNAL") == 0) {
+        rc = ldap_sasl_interactive_bind_s(ld, NULL, "EXTERNAL", NULL, NULL, LDAP_SASL_QUIET, NULL, NULL);
+    } else {
+        struct berval secret = { password ? strlen(password) : 0, (char *)(password ? password : "") };
+        rc = ldap_sasl_bind_s(ld, bind_dn, LDAP_SASL_SIMPLE, &secret, NULL, NULL, NULL);
+    }
+    if (rc != LDAP_SUCCESS) { fail(rc, ld, "bind failed", err, err_len); ldap_unbind_ext_s(ld, NULL, NULL); return rc; }
+    *out = (boxkey_ldap *)ld;
+    return 0;
+}
+
+int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter,
+                       const char *first_attr, const char *values_attr, int page_size,
+                       boxkey_ldap_entry each, void *context, int *requests,
+                       char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    char *attrs[] = { (char *)first_attr, (char *)values_attr, NULL };
+    struct berval *cookie = NULL;
+    int rc = LDAP_SUCCESS, stop = 0;
+    *requests = 0;
+    do {
+        LDAPControl *page = NULL, *controls[2] = { NULL, NULL };
+        if (page_size > 0) {
+            rc = ldap_create_page_control(ld, page_size, cookie, 1, &page);
+            if (rc != LDAP_SUCCESS) { fail(rc, ld, "paged search", err, err_len); break; }
+            controls[0] = page;
+        }
+        LDAPMessage *result = NULL;
+        rc = ldap_search_ext_s(ld, base, LDAP_SCOPE_SUBTREE, filter, attrs, 0,
+                               page ? controls : NULL, NULL, NULL, LDAP_NO_LIMIT, &result);
+        (*requests)++;
+        if (page) ldap_control_free(page);
+        if (rc != LDAP_SUCCESS && rc != LDAP_PARTIAL_RESULTS) {
+            fail(rc, ld, "search failed", err, err_len);
+            ldap_msgfree(result);
+            break;
+        }
+        for (LDAPMessage *e = ldap_first_entry(ld, result); e && !stop; e = ldap_next_entry(ld, e)) {
+            char *dn = ldap_get_dn(ld, e);
+            struct berval **firsts = ldap_get_values_len(ld, e, first_attr);
+            struct berval **values = ldap_get_values_len(ld, e, values_attr);
+            int count = ldap_count_values_len(values);
+            const char **strings = calloc((size_t)count + 1, sizeof(char *));
+            char *first = NULL;
+            if (firsts && firsts[0]) first = strndup(firsts[0]->bv_val, firsts[0]->bv_len);
+            for (int i = 0; strings && i < count; i++) strings[i] = strndup(values[i]->bv_val, values[i]->bv_len);
+            if (strings) stop = each(context, dn ? dn : "", first, strings, count);
+            for (int i = 0; strings && i < count; i++) free((char *)strings[i]);
+            free(strings);
+            free(first);
+            ldap_value_free_len(firsts);
+            ldap_value_free_len(values);
+            ldap_memfree(dn);
+        }
+        if (cookie) { ber_bvfree(cookie); cookie = NULL; }
+        if (page_size > 0 && !stop) {
+            LDAPControl **returned = NULL;
+            int code = 0;
+            ldap_parse_result(ld, result, &code, NULL, NULL, NULL, &returned, 0);
+            LDAPControl *response = ldap_control_find(LDAP_CONTROL_PAGEDRESULTS, returned, NULL);
+            if (response) {
+                struct berval next = { 0, NULL };
+                ber_int_t estimate = 0;
+                if (ldap_parse_pageresponse_control(ld, response, &estimate, &next) == LDAP_SUCCESS && next.bv_len > 0) {
+                    cookie = ber_bvdup(&next);
+                }
+                ber_memfree(next.bv_val);
+            }
+            ldap_controls_free(returned);
+        }
+        ldap_msgfree(result);
+        rc = LDAP_SUCCESS;
+    } while (cookie && !stop);
+    if (cookie) ber_bvfree(cookie);
+    return rc;
+}
+
+int boxkey_ldap_change(boxkey_ldap *handle, const char *dn, int add, const char *attr,
+                       const char *value, const char *object_class, char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    char *values[] = { (char *)value, NULL };
+    LDAPMod mod = { .mod_op = add ? LDAP_MOD_ADD : LDAP_MOD_DELETE, .mod_type = (char *)attr };
+    mod.mod_vals.modv_strvals = values;
+    LDAPMod *mods[] = { &mod, NULL };
+    int rc = ldap_modify_ext_s(ld, dn, mods, NULL, NULL);
+    if (rc == LDAP_OBJECT_CLASS_VIOLATION && add && object_class) {
+        /* The entry lacks the auxiliary class that allows `attr`: add both at once. */
+        char *class_values[] = { (char *)object_class, NULL };
+        LDAPMod class_mod = { .mod_op = LDAP_MOD_ADD, .mod_type = "objectClass" };
+        class_mod.mod_vals.modv_strvals = class_values;
+        LDAPMod *both[] = { &class_mod, &mod, NULL };
+        rc = ldap_modify_ext_s(ld, dn, both, NULL, NULL);
+    }
+    if (rc != LDAP_SUCCESS) return fail(rc, ld, add ? "adding the value failed" : "deleting the value failed", err, err_len);
+    return 0;
+}
+
+void boxkey_ldap_close(boxkey_ldap *ld) {
+    if (ld) ldap_unbind_ext_s((LDAP *)ld, NULL, NULL);
+}

@@ -1,0 +1,174 @@
+"""The fleet directory (docs/fleet.md) against a real slapd: a phone enrolled once, at one box
+by its pairing code, logs in at another box that never saw it; revoking it in the directory
+makes every box refuse it within [fleet] refresh_s; with the directory down a box works from
+its cache until [fleet] max_stale_s, then refuses fleet phones (the password prompt always
+works)."""
+import copy
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import PASSWORD, wait_for
+from slapd import ADMIN_DN, PEOPLE, Slapd
+
+REFRESH_S = 5
+
+
+@pytest.fixture
+def directory(world):
+    d = Slapd(world.work).start()
+    yield d
+    d.stop()
+
+
+def use_fleet(world, directory, **extra):
+    world.settings["fleet"] = directory.fleet_settings(refresh_s=REFRESH_S, **extra)
+
+
+def become(world, box_id):
+    """Points the World at another box (its own state, socket and log) for what follows; the
+    box running before keeps running."""
+    world.settings = copy.deepcopy(world.settings)
+    world.settings["box"] = {"id": box_id, "state_directory": f"{world.work}/box-{box_id}"}
+    world.socket = os.path.join(world.work, "run", f"pam-{box_id}.sock")
+    world.settings["pam"]["socket"] = world.socket
+    world.box_log = os.path.join(world.work, f"boxkeyd-{box_id}.log")
+
+
+def phone_login(world, box_id, typed=None):
+    """A login prompt at the World's box and `boxkey login <box_id>`: (phone, prompt) results."""
+    if typed is not None:
+        world.module_options = "timeout=5 answer_prompt"
+    greeter = world.greeter("authenticate", stdin=(typed + "\n") if typed is not None else "")
+    r = world.phone("login", box_id, "--no-stay")
+    return r, world.finish(greeter)
+
+
+def admin_fleet(world, directory, *args):
+    return world.admin("fleet", *args, "--bind-dn", ADMIN_DN, "--password-file", directory.admin_password_file)
+
+
+def enrol_at_first_box(world, directory):
+    """Box 4821 publishes; alice pairs there under an admin's code for her, which enrols her
+    phone at that box and in the directory. Returns the phone's key."""
+    use_fleet(world, directory, publish=True)
+    world.start_box()
+    world.pair_and_store()
+    wait_for(lambda: directory.phones("alice"), what="the phone published to the directory")
+    [value] = directory.phones("alice")
+    key = value.split()[0]
+    assert key == phone_key(world)
+    assert "published phone" in world.box_output()
+    return key
+
+
+def phone_key(world):
+    m = re.search(r"([0-9a-f]{64})", world.phone("status").stdout)
+    assert m
+    return m.group(1)
+
+
+def second_box(world, directory, box_id="4822", **extra):
+    become(world, box_id)
+    use_fleet(world, directory, **extra)
+    world.start_box()
+    wait_for(lambda: "fleet: read" in world.box_output(), what="box's first read of the directory")
+    assert world.phone("pair", box_id, "--box-key", world.box_key()).returncode == 0
+
+
+def test_a_phone_enrolled_at_one_box_logs_in_at_another_and_a_revocation_reaches_every_box(world, directory):
+    key = enrol_at_first_box(world, directory)
+    second_box(world, directory)
+    # Box 4822 never saw this phone: the directory vouches for it.
+    assert "fleet: read 1 phone(s)" in world.box_output()
+    r, (code, out) = phone_login(world, "4822")
+    assert r.returncode == 0 and "Logged in to box 4822 as alice" in r.stdout, r.stdout + r.stderr + world.box_output()[-2000:]
+    assert code == 0 and "successfully authenticated" in out, out
+    status = json.loads(world.admin("status", "--json").stdout)
+    assert status["fleet"]["phones"] == 1 and status["fleet"]["fresh"] and status["enrolledPhones"] == 0
+
+    # The admin revokes it in the directory; both boxes drop it within the refresh interval.
+    revoked_at = time.monotonic()
+    r = admin_fleet(world, directory, "revoke", key[:12], "--user", "alice")
+    assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
+    assert directory.phones("alice") == []
+    wait_for(lambda: "no longer enrolled for alice in the directory" in world.box_output(), timeout=REFRESH_S + 5,
+             what="box 4822 dropping the revoked phone")
+    assert time.monotonic() - revoked_at <= REFRESH_S + 5
+    # 4822 knew the phone only from the directory: refused now, and the prompt still works.
+    r, (code, out) = phone_login(world, "4822", typed=PASSWORD)
+    assert r.returncode != 0 and "not enrolled" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+    # 4821 enrolled it itself (by the pairing code): a directory revocation does not undo that
+    # box's own enrolment; `boxkeyd phones revoke` there does (docs/fleet.md).
+
+
+def test_the_directory_down_warm_cache_then_stale(world, directory):
+    use_fleet(world, directory, max_stale_s=60)
+    key = phone_key(world)
+    assert admin_fleet(world, directory, "enrol", key, "--user", "alice", "--name", "alice's phone").returncode == 0
+    r = admin_fleet(world, directory, "phones", "alice")
+    assert r.returncode == 0 and key in r.stdout, r.stdout + r.stderr
+    world.start_box()
+    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's first read")
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+
+    # Directory down, box restarted: it works from its cache (read seconds ago).
+    directory.stop()
+    world.stop_box()
+    world.start_box()
+    wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the failed read")
+    assert "from the cache" in world.box_output()
+    r, (code, out) = phone_login(world, "4821")
+    assert r.returncode == 0 and "Logged in to box 4821 as alice" in r.stdout, r.stdout + r.stderr + world.box_output()[-2000:]
+    assert code == 0
+
+    # The cache is older than max_stale_s (as if the directory had been away that long):
+    # fleet phones are refused, the password prompt works.
+    world.stop_box()
+    cache = os.path.join(world.settings["box"]["state_directory"], "fleet-roster.json")
+    roster = json.load(open(cache))
+    roster["readAt"] = "2026-01-01T00:00:00Z"
+    with open(cache, "w") as f:
+        json.dump(roster, f)
+    world.start_box()
+    wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the failed read")
+    status = world.admin("status").stdout
+    assert "fleet phones REFUSED" in status, status
+    r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+    assert r.returncode != 0 and "not enrolled" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+
+    # The directory is back: the box reads it within the retry and takes the phone again.
+    directory.start()
+    wait_for(lambda: "fleet directory answers again" in world.box_output(), timeout=20, what="the directory answering again")
+    r, (code, out) = phone_login(world, "4821")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_users_cannot_enrol_their_own_phones_in_the_directory(world, directory):
+    """The self-service path is a pairing code at a box: the directory's rules keep users from
+    writing boxkeyPhone themselves (docs/fleet.md gives them)."""
+    r = directory.ldap("ldapmodify", input=f"dn: uid=alice,{PEOPLE}\nchangetype: modify\nadd: boxkeyPhone\nboxkeyPhone: {'ab' * 32}\n",
+                       bind=(f"uid=alice,{PEOPLE}", "unused"))
+    assert r.returncode != 0
+    assert directory.phones("alice") == []
+
+
+def test_a_bad_fleet_section_is_refused_with_the_reason(world, directory):
+    world.settings["fleet"] = {"uri": directory.uri, "base": PEOPLE}  # ldap:// without StartTLS
+    r = subprocess.run([world.bins["boxkeyd"], "run", "--check-config", "--config", world.config()], capture_output=True, text=True)
+    assert r.returncode == 78 and "never read in clear" in r.stderr, r.stderr
+
+
+def test_a_directory_with_an_untrusted_certificate_is_not_read(world, directory):
+    use_fleet(world, directory, ca_file="/etc/ssl/certs/ca-certificates.crt")
+    world.start_box()
+    wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the refused read")
+    assert re.search(r"StartTLS failed|certificate", world.box_output()), world.box_output()[-2000:]
+    assert "fleet phones REFUSED" in world.admin("status").stdout
