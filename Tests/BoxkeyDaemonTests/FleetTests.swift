@@ -1,0 +1,111 @@
+@testable import BoxkeyDaemon
+import BoxkeyCore
+import FoundationEssentials
+import Testing
+
+@Suite struct FleetTests {
+    let alicePhone = KeyPair.generate().publicKey
+    let bobPhone = KeyPair.generate().publicKey
+
+    @Test func theRosterMapsPhonesToUsersAndSkipsWhatIsNotAPhoneKey() {
+        var roster = FleetRoster(readAt: Date())
+        let skipped = roster.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "Pixel 8"), "ssh-ed25519 AAAA", "zz" + String(repeating: "0", count: 62)])
+        roster.add(user: "bob", values: [FleetRoster.value(key: alicePhone, name: ""), FleetRoster.value(key: bobPhone, name: "")])
+        #expect(skipped.count == 2)
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice", "bob"])
+        #expect(roster.users(of: bobPhone, now: Date(), maxStale: .seconds(60)) == ["bob"])
+        #expect(roster.phones[hex(alicePhone.bytes)]?.name == "Pixel 8")
+    }
+
+    @Test func aValueIsTheKeyThenAPrintableName() throws {
+        let value = FleetRoster.value(key: alicePhone, name: "  Алиса's\nphone\u{7f} ")
+        #expect(value == hex(alicePhone.bytes) + " 'sphone")
+        #expect(!value.contains("\n"))
+        let parsed = try #require(FleetRoster.parse(value))
+        #expect(parsed.key == alicePhone)
+        // Upper-case hex (another tool) parses; anything else does not.
+        #expect(FleetRoster.parse(hex(alicePhone.bytes).uppercased())?.key == alicePhone)
+        #expect(FleetRoster.parse(String(hex(alicePhone.bytes).dropLast())) == nil)
+        #expect(FleetRoster.parse("") == nil)
+    }
+
+    /// Past `max_stale_s` the roster vouches for nobody: fail closed for phone logins. A read
+    /// stamped in the future (a clock set back) is not trusted either, beyond a minute's skew.
+    @Test func aStaleRosterVouchesForNobody() {
+        var roster = FleetRoster(readAt: Date(timeIntervalSinceNow: -3601))
+        roster.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "")])
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(3600)).isEmpty)
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(7200)) == ["alice"])
+        roster.readAt = Date(timeIntervalSinceNow: 3600)
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(7200)).isEmpty)
+    }
+
+    @Test func whatARefreshTookAway() {
+        var old = FleetRoster(readAt: Date())
+        old.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "")])
+        old.add(user: "bob", values: [FleetRoster.value(key: alicePhone, name: ""), FleetRoster.value(key: bobPhone, name: "")])
+        var new = FleetRoster(readAt: Date())
+        new.add(user: "bob", values: [FleetRoster.value(key: bobPhone, name: "")])
+        let lost = new.lost(since: old)
+        #expect(lost.count == 1 && lost[0].key == hex(alicePhone.bytes) && lost[0].users == ["alice", "bob"])
+    }
+
+    @Test func theCacheRoundTripsPrivatelyAndACorruptOneIsAnError() throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/fleet-\(UInt64.random(in: 0...UInt64.max))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var roster = FleetRoster(readAt: Date(timeIntervalSince1970: 1_800_000_000))
+        roster.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "p")])
+        try roster.save(path: dir + "/fleet-roster.json")
+        #expect(try FleetRoster.load(path: dir + "/fleet-roster.json") == roster)
+        let mode = try FileManager.default.attributesOfItem(atPath: dir + "/fleet-roster.json")[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        try Data("{".utf8).write(to: URL(fileURLWithPath: dir + "/fleet-roster.json"))
+        #expect(throws: (any Error).self) { try FleetRoster.load(path: dir + "/fleet-roster.json") }
+        #expect(try FleetRoster.load(path: dir + "/none.json") == nil)
+    }
+
+    @Test func filterValuesAreEscaped() {
+        #expect(FleetDirectory.escape("alice") == "alice")
+        #expect(FleetDirectory.escape("*)(uid=*") == "\\2a\\29\\28uid=\\2a")
+        #expect(FleetDirectory.escape("a\\b\u{0}") == "a\\5cb\\00")
+    }
+
+    @Test func theFleetSectionParses() throws {
+        let c = try DaemonConfig.parse("""
+            [fleet]
+            uri = "ldaps://ldap.example.org"
+            base = "ou=people,dc=example,dc=org"
+            bind_dn = "cn=boxes,ou=services,dc=example,dc=org"
+            refresh_s = 30
+            max_stale_s = 7200
+            publish = true
+            """)
+        let f = try #require(c.fleet)
+        #expect(f.uri == "ldaps://ldap.example.org" && f.refresh == .seconds(30) && f.maxStale == .seconds(7200) && f.publish)
+        #expect(f.userAttribute == "uid" && f.timeout == .seconds(5) && !f.startTLS)
+        #expect(try DaemonConfig.parse("").fleet == nil)
+    }
+
+    /// The service account's password never crosses the network in clear, and nonsense is
+    /// refused with the line.
+    @Test(arguments: [
+        "[fleet]\nuri = \"ldap://ldap.example.org\"\nbase = \"dc=x\"",
+        "[fleet]\nuri = \"http://ldap.example.org\"\nbase = \"dc=x\"\nstarttls = true",
+        "[fleet]\nuri = \"ldaps://a\"",
+        "[fleet]\nuri = \"ldaps://a ldap://b\"\nbase = \"dc=x\"",
+        "[fleet]\nuri = \"ldaps://a\"\nbase = \"dc=x\"\nrefresh_s = 600\nmax_stale_s = 300",
+        "[fleet]\nuri = \"ldaps://a\"\nbase = \"dc=x\"\nuser_attribute = \"uid)(x\"",
+        "[fleet]\nuri = \"ldaps://a\"\nbase = \"dc=x\"\nbogus = 1",
+    ])
+    func badFleetSectionsAreRefused(_ text: String) {
+        #expect(throws: DaemonConfig.Error.self) { try DaemonConfig.parse(text) }
+    }
+
+    @Test func theFleetSectionNeedsARestart() throws {
+        let before = DaemonConfig()
+        let after = try DaemonConfig.parse("[fleet]\nuri = \"ldaps://a\"\nbase = \"dc=x\"")
+        let (next, needRestart) = before.reloading(after)
+        #expect(next.fleet == nil && needRestart == ["[fleet]"])
+    }
+}
