@@ -77,6 +77,11 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
 
     // MARK: GATT application
 
+    public func setValue(_ value: [UInt8], of characteristic: String) async {
+        // ReadValue reads the service from the state at each request.
+        state.withLockedValue { $0.service?.setValue(value, of: characteristic) }
+    }
+
     public func publish(_ service: GATTService) async throws {
         let wasRegistered = state.withLockedValue { s -> Bool in
             s.service = service

@@ -11,6 +11,8 @@ enum RadioAction: Sendable {
     case notify(CentralID, fragments: [[UInt8]])
     case disconnect(CentralID)
     case advertise(AdvertisingData)
+    /// The Info characteristic's new value (a fleet box's certificate or revocation list changed).
+    case setInfo([UInt8])
 }
 
 /// What a waiting prompt receives: the push (password still in secure memory, for the PAM
@@ -83,6 +85,9 @@ public actor Box {
     /// The fleet directory's phones as last read (nil: no `[fleet]`, or never read).
     var fleetRoster: FleetRoster?
     var fleetHealth = FleetHealth()
+    /// This box's fleet certificate and the fleet's current revocation list, as Info serves
+    /// them (empty: not a certified box).
+    var fleetCredentials: [UInt8] = []
     /// Publishes a phone enrolled here by a pairing code to the directory (`[fleet] publish`).
     var fleetPublisher: (@Sendable (PublicKey, String, String) -> Void)?
 
@@ -204,11 +209,15 @@ public actor Box {
     public var gattService: GATTService {
         GATTService(uuid: BoxkeyProtocol.serviceUUID, characteristics: [
             GATTCharacteristic(uuid: BoxkeyProtocol.infoCharacteristicUUID, properties: .read,
-                               value: BoxInfo(boxID: identity.boxID, staticKey: identity.keyPair.publicKey).encode()),
+                               value: info.encode()),
             GATTCharacteristic(uuid: BoxkeyProtocol.requestCharacteristicUUID, properties: [.write, .writeWithoutResponse]),
             GATTCharacteristic(uuid: BoxkeyProtocol.responseCharacteristicUUID, properties: .notify),
         ])
     }
+
+    /// What a phone reads before pairing, or before trusting a fleet box: ID, key, and for a
+    /// fleet box its certificate and the fleet's revocation list.
+    var info: BoxInfo { BoxInfo(boxID: identity.boxID, staticKey: identity.keyPair.publicKey, fleet: fleetCredentials) }
 
     public var advertisingData: AdvertisingData {
         var flags: Advertisement.Flags = []
@@ -1197,7 +1206,13 @@ public actor Box {
 
     public func revoke(fingerprint: String) -> PAMReply {
         do {
-            let phone = try registry.revoke(fingerprint: fingerprint)
+            let phone: PhoneRegistry.Phone
+            if let fleetPhone = fleetPhone(fingerprint: fingerprint), registry.phone(fleetPhone.key) == nil {
+                // Known here only from the directory: revoked at this box whatever it says.
+                phone = try registry.revoke(unknown: fleetPhone.key, name: fleetPhone.name)
+            } else {
+                phone = try registry.revoke(fingerprint: fingerprint)
+            }
             audit.audit(.notice, .revoked, "revoked: phone \(phone.fingerprint) (\(logSafe(phone.name))) users \(phone.users.map(logSafe).joined(separator: ","))", phone: phone.fingerprint)
             // Drop its live links: a revoked phone keeps nothing.
             for (id, link) in links where link.connection.phoneKey.map({ hex($0.bytes) }) == phone.key {

@@ -45,7 +45,7 @@ public struct BoxIdentity: Sendable {
         }
     }
 
-    static func load(path: String) throws -> BoxIdentity {
+    public static func load(path: String) throws -> BoxIdentity {
         guard let data = FileManager.default.contents(atPath: path), var text = String(data: data, encoding: .utf8) else {
             throw Error(description: "\(path) exists but cannot be read; fix its permissions or restore it from backup (phones have pinned this box's key, so boxkeyd will not make a new one)")
         }

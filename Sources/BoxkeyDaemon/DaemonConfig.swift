@@ -115,6 +115,9 @@ public struct DaemonConfig: Sendable, Equatable {
         public var userAttribute = "uid"
         /// Every network wait (connect, TLS, bind, each page).
         public var timeout: Duration = .seconds(5)
+        /// The entry that holds the fleet's signed revocation list of box certificates
+        /// (`boxkeyBoxRevocations`); empty: this fleet does not certify boxes.
+        public var revocationsDN = ""
 
         public init(uri: String, base: String) { self.uri = uri; self.base = base }
     }
@@ -205,7 +208,7 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login", "fleet"])
-        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s"]) {
+        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s", "revocations_dn"]) {
             guard let uri = try reader.string(t, "uri"), let base = try reader.string(t, "base") else {
                 throw reader.error(t.line, "[fleet] needs uri and base (docs/fleet.md)")
             }
@@ -216,7 +219,8 @@ public struct DaemonConfig: Sendable, Equatable {
             guard scheme.hasPrefix("ldaps://") || scheme.hasPrefix("ldapi://") || (scheme.hasPrefix("ldap://") && f.startTLS) else {
                 throw reader.error(t["uri"]!.line, "[fleet] uri must be ldaps://, ldapi://, or ldap:// with starttls = true (the directory is never read in clear)")
             }
-            guard !uri.contains(where: { $0.isWhitespace }) else { throw reader.error(t["uri"]!.line, "[fleet] uri is one URI") }
+            // libldap takes a list (spaces or commas): a second, clear one would get the password.
+            guard !uri.contains(where: { $0.isWhitespace || $0 == "," }) else { throw reader.error(t["uri"]!.line, "[fleet] uri is one URI") }
             f.bindDN = try reader.string(t, "bind_dn") ?? f.bindDN
             f.bindPasswordFile = try reader.string(t, "bind_password_file") ?? f.bindPasswordFile
             f.caFile = try reader.string(t, "ca_file") ?? f.caFile
@@ -229,6 +233,7 @@ public struct DaemonConfig: Sendable, Equatable {
                 throw reader.error(t["user_attribute"]!.line, "[fleet] user_attribute must be an attribute name")
             }
             f.timeout = try reader.seconds(t, "timeout_s", 1...60) ?? f.timeout
+            f.revocationsDN = try reader.string(t, "revocations_dn") ?? f.revocationsDN
             c.fleet = f
         }
         if let t = try reader.section(table, "login", keys: ["mode", "key_users", "escrow_users", "key_services", "proximity"]) {

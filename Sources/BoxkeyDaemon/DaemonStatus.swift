@@ -60,6 +60,13 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         public var maxStaleSeconds: Int
         public var error: String?
         public var publish: Bool
+        public struct Certificate: Codable, Sendable, Equatable {
+            public var serial: String
+            public var notAfter: Date
+        }
+        /// This box's fleet certificate, and what is wrong with it or the revocation list.
+        public var certificate: Certificate?
+        public var certificateProblem: String?
     }
     public var fleet: Fleet?
 
@@ -92,6 +99,9 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             let read = fleet.lastReadAgeSeconds.map { "read \($0) s ago" } ?? "never read"
             let state = fleet.fresh ? "\(fleet.phones) phone(s) taken" : "fleet phones REFUSED (no read within \(fleet.maxStaleSeconds) s)"
             lines.append("fleet:       \(fleet.uri): \(read); \(state)\(fleet.publish ? "; publishes enrolments" : "")\(fleet.error.map { "; last error: \($0)" } ?? "")")
+            if let c = fleet.certificate {
+                lines.append("certificate: \(c.serial), valid until \(c.notAfter.ISO8601Format())\(fleet.certificateProblem.map { "; PROBLEM: \($0)" } ?? "")")
+            }
         }
         if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
         return lines.joined(separator: "\n")

@@ -113,6 +113,16 @@ public struct PhoneRegistry: Sendable {
         return phones[matches[0]]
     }
 
+    /// Revokes a phone this box has no record of (one it knows from the fleet directory): a
+    /// record that is revoked from the start, so the directory cannot bring it back here.
+    public mutating func revoke(unknown key: PublicKey, name: String, at date: Date = Date()) throws -> Phone {
+        var phone = Phone(key: hex(key.bytes), fingerprint: key.fingerprint, name: name, users: [], enrolledBy: nil, enrolledAt: nil)
+        phone.revokedAt = date
+        phones.append(phone)
+        try save()
+        return phone
+    }
+
     func save() throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601

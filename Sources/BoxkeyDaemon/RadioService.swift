@@ -57,6 +57,8 @@ public struct RadioService: Service, CustomStringConvertible {
                 disconnect(id)
             case .advertise(let data):
                 do { try await peripheral.advertise(data) } catch { logger.error("advertising failed: \(error)") }
+            case .setInfo(let value):
+                await peripheral.setValue(value, of: BoxkeyProtocol.infoCharacteristicUUID)
             }
         }
     }

@@ -211,7 +211,7 @@ public actor Agent {
             return .needPIN
         }
         let id = try phone.boxID(box)
-        _ = try phone.pinnedKey(id)
+        try phone.checkReachable(id)
         loginsInProgress += 1
         defer { loginsInProgress -= 1 }
         var phone = phone

@@ -61,6 +61,15 @@ public actor BoxLink {
     public static func openForPairing(to box: HeardBox, identity: PhoneIdentity, radio: any CentralRadio, code: PairingCode,
                                       timeout: Duration = .seconds(10),
                                       check: (BoxInfo) throws -> Void) async throws -> (BoxInfo, BoxLink) {
+        try await openReadingInfo(to: box, identity: identity, radio: radio, code: code, timeout: timeout, check: check)
+    }
+
+    /// Reads the box's Info, lets `check` judge it (a pairing: the ID; a fleet box: its
+    /// certificate), then runs the handshake to the key Info claims: the pairing handshake under
+    /// `code`, or a login handshake. Either proves the box holds that key.
+    public static func openReadingInfo(to box: HeardBox, identity: PhoneIdentity, radio: any CentralRadio, code: PairingCode?,
+                                       timeout: Duration = .seconds(10),
+                                       check: (BoxInfo) throws -> Void) async throws -> (BoxInfo, BoxLink) {
         let link: any CentralLink
         do {
             link = try await radio.connect(to: box.address, timeout: timeout)

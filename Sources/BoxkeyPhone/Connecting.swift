@@ -28,6 +28,11 @@ extension Phone {
     /// Opens a channel to paired box `id`, recording where it was heard.
     public mutating func connect(to id: BoxID, radio: any CentralRadio, searchTime: Duration = Phone.searchTime,
                                  progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> BoxLink {
+        // A box not paired, or taken on its certificate before, with a fleet key trusted: its
+        // certificate and the fleet's revocation list decide, at every connection.
+        if !fleet.keys.isEmpty, boxes.key(of: id) == nil || boxes.box(id)?.viaFleet == true {
+            return try await connectCertified(to: id, radio: radio, searchTime: searchTime, progress: progress)
+        }
         let key = try pinnedKey(id)
         if let (cached, at) = boxes.lastHeard(id), Date().timeIntervalSince(at) < Self.cachedAdvertisementLifetime {
             do {
@@ -47,6 +52,43 @@ extension Phone {
                 return try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: radio)
             } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
                 continue  // the nonce rotated while connecting: once more with a fresh one
+            } catch BoxLink.Failure.radio where attempts < Self.connectionAttempts {
+                continue
+            } catch {
+                throw failure(error, box: id)
+            }
+        }
+    }
+
+    /// Connects to a fleet box by its certificate: reads Info, checks the certificate and the
+    /// revocation list (`FleetCheck`), then the login handshake proves the certified key.
+    mutating func connectCertified(to id: BoxID, radio: any CentralRadio, searchTime: Duration,
+                                   progress: (@Sendable (Duration) -> Void)?) async throws(PhoneFailure) -> BoxLink {
+        let trusted = fleet.keys, seen = fleet
+        let now = Int64(Date().timeIntervalSince1970)
+        var attempts = 0
+        while true {
+            attempts += 1
+            let heard = try await find(id, pinned: nil, radio: radio, searchTime: searchTime, progress: progress)
+            var verdict: (BoxCertificate, BoxRevocationList, Ed25519.PublicKey)?
+            do {
+                let (info, link) = try await BoxLink.openReadingInfo(to: heard, identity: identity, radio: radio, code: nil) { info in
+                    guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
+                    do {
+                        verdict = try FleetCheck.verify(info.fleet, boxID: id, boxKey: info.staticKey, trusted: trusted,
+                                                        newestSeen: { seen.newestList($0) }, now: now)
+                    } catch {
+                        throw PhoneFailure(.keyChanged, "box \(id) is not a box of your fleet: \(error). No credentials were sent.")
+                    }
+                }
+                if let (_, list, key) = verdict { try? fleet.saw(list, under: key) }
+                try? boxes.pin(id, key: info.staticKey, address: heard.address, viaFleet: true)
+                try? boxes.remember(id, heard: heard)
+                return link
+            } catch let f as PhoneFailure {
+                throw f
+            } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
+                continue
             } catch BoxLink.Failure.radio where attempts < Self.connectionAttempts {
                 continue
             } catch {

@@ -15,6 +15,9 @@ public struct PairedBoxes: Sendable {
         /// The last advertisement heard from the box (its 6-byte payload, hex) and when.
         public var lastAdvertisement: String?
         public var heardAt: Date?
+        /// Taken on a fleet certificate, not paired: its certificate and the fleet's revocation
+        /// list are checked again at every connection.
+        public var viaFleet: Bool?
     }
     struct File: Codable {
         var boxes: [Box] = []
@@ -57,9 +60,11 @@ public struct PairedBoxes: Sendable {
         return (HeardBox(address: address, advertisement: advert, rssi: nil), at)
     }
 
-    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?) throws {
+    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?, viaFleet: Bool = false) throws {
+        if viaFleet, let b = box(id), b.viaFleet == true, b.key == hex(key.bytes) { return }
         file.boxes.removeAll { $0.id == id.description }
-        file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address?.string, pairedAt: Date()))
+        file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address?.string, pairedAt: Date(),
+                              viaFleet: viaFleet ? true : nil))
         file.defaultBox = id.description
         try save()
     }

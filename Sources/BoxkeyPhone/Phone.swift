@@ -10,6 +10,7 @@ public struct Phone: Sendable {
     public let dirs: PhoneDirectories
     public let identity: PhoneIdentity
     public var boxes: PairedBoxes
+    public var fleet: FleetTrust
 
     /// Loads (or creates) the phone's state. The process may come to hold a password: it is
     /// kept out of core files, its files are private, and a file-size limit makes writes fail
@@ -19,16 +20,17 @@ public struct Phone: Sendable {
         umask(0o077)
         signal(SIGXFSZ, SIG_IGN)
         do {
-            return Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs))
+            return Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs), fleet: try FleetTrust.load(dirs))
         } catch {
             throw PhoneFailure(.failure, "\(error)")
         }
     }
 
-    public init(dirs: PhoneDirectories, identity: PhoneIdentity, boxes: PairedBoxes) {
+    public init(dirs: PhoneDirectories, identity: PhoneIdentity, boxes: PairedBoxes, fleet: FleetTrust? = nil) {
         self.dirs = dirs
         self.identity = identity
         self.boxes = boxes
+        self.fleet = fleet ?? FleetTrust(path: dirs.config + "/fleet.json")
     }
 
     public func vault() throws(PhoneFailure) -> Vault {
@@ -44,8 +46,16 @@ public struct Phone: Sendable {
         return id
     }
 
+    /// Before a login: the box is paired, or a fleet key is trusted (its certificate decides).
+    public func checkReachable(_ id: BoxID) throws(PhoneFailure) {
+        if fleet.keys.isEmpty { _ = try pinnedKey(id) }
+    }
+
     public func pinnedKey(_ id: BoxID) throws(PhoneFailure) -> PublicKey {
-        guard let key = boxes.key(of: id) else { throw PhoneFailure(.notPaired, tr("box {box} is not paired: run boxkey pair {box}", ("box", id))) }
+        guard let key = boxes.key(of: id) else {
+            throw PhoneFailure(.notPaired, fleet.keys.isEmpty ? tr("box {box} is not paired: run boxkey pair {box}", ("box", id))
+                                                             : "box \(id) is not paired, and it has not been taken on a fleet certificate yet: log in to it first")
+        }
         return key
     }
 

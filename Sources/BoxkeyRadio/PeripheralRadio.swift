@@ -22,6 +22,10 @@ public protocol PeripheralRadio: Sendable {
     /// Publishes the GATT service (BlueZ `RegisterApplication` with the whole tree).
     func publish(_ service: GATTService) async throws
 
+    /// Replaces a readable characteristic's value in the published service: the next read
+    /// returns it (no new registration; connected centrals are not disturbed).
+    func setValue(_ value: [UInt8], of characteristic: String) async
+
     /// Starts advertising, or replaces the advertisement (BlueZ `RegisterAdvertisement`).
     func advertise(_ data: AdvertisingData) async throws
 

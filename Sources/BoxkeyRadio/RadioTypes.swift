@@ -49,6 +49,11 @@ public struct GATTService: Sendable, Hashable, Codable {
     public func characteristic(_ uuid: String) -> GATTCharacteristic? {
         characteristics.first { $0.uuid == uuid.lowercased() }
     }
+
+    public mutating func setValue(_ value: [UInt8], of uuid: String) {
+        guard let i = characteristics.firstIndex(where: { $0.uuid == uuid.lowercased() }) else { return }
+        characteristics[i].value = value
+    }
 }
 
 /// What a peripheral advertises, in the terms of BlueZ's `LEAdvertisement1`.

@@ -17,6 +17,11 @@ public final class SimulatedPeripheral: PeripheralRadio {
         air.peripheralChanged(address)
     }
 
+    public func setValue(_ value: [UInt8], of characteristic: String) async {
+        air.state.withLockedValue { $0.peripherals[address]?.service?.setValue(value, of: characteristic) }
+        air.peripheralChanged(address)
+    }
+
     public func advertise(_ data: AdvertisingData) async throws {
         let now = air.issueTime(address)
         air.state.withLockedValue { s in

@@ -32,7 +32,8 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
     ldap_set_option(ld, LDAP_OPT_TIMEOUT, &timeout);
     /* The server's certificate is always checked (never "allow" or "never"). */
     ldap_set_option(ld, LDAP_OPT_X_TLS_REQUIRE_CERT, &demand);
-    if (ca_file && *ca_file) ldap_set_option(ld, LDAP_OPT_X_TLS_CACERTFILE, ca_file);
+    /* A new TLS context does not take ldap.conf's TLS_CACERT: name the system's store. */
+    ldap_set_option(ld, LDAP_OPT_X_TLS_CACERTFILE, ca_file && *ca_file ? ca_file : "/etc/ssl/certs/ca-certificates.crt");
     ldap_set_option(ld, LDAP_OPT_X_TLS_NEWCTX, &zero);
     if (starttls) {
         rc = ldap_start_tls_s(ld, NULL, NULL);
@@ -49,12 +50,28 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
     return 0;
 }
 
+/* NUL-terminated copies of a value list (NULL-terminated); NULL if out of memory. */
+static char **copy_values(struct berval **values) {
+    int count = ldap_count_values_len(values);
+    char **out = calloc((size_t)count + 1, sizeof(char *));
+    for (int i = 0; out && i < count; i++) {
+        out[i] = strndup(values[i]->bv_val, values[i]->bv_len);
+        if (!out[i]) { for (int j = 0; j < i; j++) free(out[j]); free(out); return NULL; }
+    }
+    return out;
+}
+
+static void free_values(char **values) {
+    for (int i = 0; values && values[i]; i++) free(values[i]);
+    free(values);
+}
+
 int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter,
-                       const char *first_attr, const char *values_attr, int page_size,
+                       const char *names_attr, const char *values_attr, int page_size,
                        boxkey_ldap_entry each, void *context, int *requests,
                        char *err, size_t err_len) {
     LDAP *ld = (LDAP *)handle;
-    char *attrs[] = { (char *)first_attr, (char *)values_attr, NULL };
+    char *attrs[] = { (char *)names_attr, (char *)values_attr, "uidNumber", NULL };
     struct berval *cookie = NULL;
     int rc = LDAP_SUCCESS, stop = 0;
     *requests = 0;
@@ -77,18 +94,23 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
         }
         for (LDAPMessage *e = ldap_first_entry(ld, result); e && !stop; e = ldap_next_entry(ld, e)) {
             char *dn = ldap_get_dn(ld, e);
-            struct berval **firsts = ldap_get_values_len(ld, e, first_attr);
+            struct berval **names = ldap_get_values_len(ld, e, names_attr);
+            struct berval **numbers = ldap_get_values_len(ld, e, "uidNumber");
             struct berval **values = ldap_get_values_len(ld, e, values_attr);
-            int count = ldap_count_values_len(values);
-            const char **strings = calloc((size_t)count + 1, sizeof(char *));
-            char *first = NULL;
-            if (firsts && firsts[0]) first = strndup(firsts[0]->bv_val, firsts[0]->bv_len);
-            for (int i = 0; strings && i < count; i++) strings[i] = strndup(values[i]->bv_val, values[i]->bv_len);
-            if (strings) stop = each(context, dn ? dn : "", first, strings, count);
-            for (int i = 0; strings && i < count; i++) free((char *)strings[i]);
-            free(strings);
-            free(first);
-            ldap_value_free_len(firsts);
+            char **name_strings = copy_values(names), **value_strings = copy_values(values), **number_strings = copy_values(numbers);
+            if (name_strings && value_strings && number_strings) {
+                stop = each(context, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names),
+                            ldap_count_values_len(numbers) == 1 ? number_strings[0] : NULL,
+                            (const char *const *)value_strings, ldap_count_values_len(values));
+            } else {
+                rc = LDAP_NO_MEMORY;
+                stop = 1;
+            }
+            free_values(name_strings);
+            free_values(value_strings);
+            free_values(number_strings);
+            ldap_value_free_len(names);
+            ldap_value_free_len(numbers);
             ldap_value_free_len(values);
             ldap_memfree(dn);
         }
@@ -109,17 +131,20 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
             ldap_controls_free(returned);
         }
         ldap_msgfree(result);
+        if (rc == LDAP_NO_MEMORY) { fail(rc, NULL, "search failed", err, err_len); break; }
         rc = LDAP_SUCCESS;
     } while (cookie && !stop);
     if (cookie) ber_bvfree(cookie);
     return rc;
 }
 
-int boxkey_ldap_change(boxkey_ldap *handle, const char *dn, int add, const char *attr,
+int boxkey_ldap_change(boxkey_ldap *handle, const char *dn, int operation, const char *attr,
                        const char *value, const char *object_class, char *err, size_t err_len) {
     LDAP *ld = (LDAP *)handle;
     char *values[] = { (char *)value, NULL };
-    LDAPMod mod = { .mod_op = add ? LDAP_MOD_ADD : LDAP_MOD_DELETE, .mod_type = (char *)attr };
+    int add = operation != BOXKEY_LDAP_DELETE;
+    LDAPMod mod = { .mod_op = operation == BOXKEY_LDAP_ADD ? LDAP_MOD_ADD : operation == BOXKEY_LDAP_REPLACE ? LDAP_MOD_REPLACE : LDAP_MOD_DELETE,
+                    .mod_type = (char *)attr };
     mod.mod_vals.modv_strvals = values;
     LDAPMod *mods[] = { &mod, NULL };
     int rc = ldap_modify_ext_s(ld, dn, mods, NULL, NULL);
@@ -131,7 +156,7 @@ int boxkey_ldap_change(boxkey_ldap *handle, const char *dn, int add, const char 
         LDAPMod *both[] = { &class_mod, &mod, NULL };
         rc = ldap_modify_ext_s(ld, dn, both, NULL, NULL);
     }
-    if (rc != LDAP_SUCCESS) return fail(rc, ld, add ? "adding the value failed" : "deleting the value failed", err, err_len);
+    if (rc != LDAP_SUCCESS) return fail(rc, ld, add ? "writing the value failed" : "deleting the value failed", err, err_len);
     return 0;
 }
 

@@ -24,7 +24,7 @@ struct Boxkey: AsyncParsableCommand {
         """,
         version: "boxkey \(BoxkeyRelease.description)",
         subcommands: [Scan.self, Pair.self, Forget.self, Credentials.self, PIN.self, Login.self, Lock.self, Logout.self,
-                      Status.self, Doctor.self, Agent.self, Sim.self])
+                      Status.self, Doctor.self, Agent.self, Fleet.self, Sim.self])
 
     /// The reader's language for what boxkey says (LANGUAGE, LC_ALL, LC_MESSAGES, LANG); the
     /// help text stays English.

@@ -22,7 +22,7 @@ extension Boxkey {
             try await Terminal.run {
                 var phone = try Phone.open()
                 let boxID = try phone.boxID(id)
-                _ = try phone.pinnedKey(boxID)
+                try phone.checkReachable(boxID)
                 if !noAgent {
                     if background, AgentClient(phone.dirs) == nil {
                         try AgentCommand.Start.spawnAgent(phone: phone, radio: radio, lifetime: AgentCommand.defaultLifetime)

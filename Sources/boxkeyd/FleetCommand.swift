@@ -3,6 +3,7 @@ import BoxkeyCore
 import BoxkeyDaemon
 import BoxkeyHost
 import FoundationEssentials
+import Glibc
 
 /// `boxkeyd fleet …`: the fleet directory's phones, straight from the directory (the daemon
 /// need not run): the `[fleet]` section says where; an admin binds as themself.
@@ -10,7 +11,7 @@ struct Fleet: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Enrol, revoke and list phones in the fleet directory ([fleet] in the configuration; docs/fleet.md).",
         discussion: "Every box of the fleet takes a phone enrolled here within its [fleet] refresh_s, and refuses a revoked one within the same. These commands bind as --bind-dn (default: the boxes' service account, [fleet] bind_dn) with the password in --password-file.",
-        subcommands: [Phones.self, Enrol.self, Revoke.self, Check.self])
+        subcommands: [Phones.self, Enrol.self, Revoke.self, Check.self, Key.self, Certify.self, InstallCertificate.self, RevokeBox.self])
 
     struct Binding: ParsableArguments {
         @OptionGroup var options: DaemonOptions
@@ -97,6 +98,113 @@ struct Fleet: ParsableCommand {
             let took = ContinuousClock.now - started
             let users = Set(roster.phones.values.flatMap(\.users)).count
             print("\(directory.settings.uri): \(roster.phones.count) phone(s) of \(users) user(s) in \(took.components.seconds * 1000 + took.components.attoseconds / 1_000_000_000_000_000) ms, \(requests) request(s)\(skipped > 0 ? "; \(skipped) value(s) are not phone keys" : "")")
+        }
+    }
+}
+
+// MARK: - Box certificates
+
+/// The fleet key file: the Ed25519 seed in 64 hex digits on one line, mode 600. It belongs on
+/// an admin's machine, not on the boxes.
+enum FleetKeyFile {
+    static func read(_ path: String) throws -> Ed25519.KeyPair {
+        var st = stat()
+        guard stat(path, &st) == 0 else { throw ValidationError("cannot read the fleet key \(path)") }
+        guard st.st_mode & 0o077 == 0 else { throw ValidationError("the fleet key \(path) is readable by others (chmod 600 it)") }
+        guard let bytes = try? PrivateFiles.read(path), var hexDigits = Optional(Array(bytes.prefix { $0 != 0x0a })),
+              var seed = unhex(String(decoding: hexDigits, as: UTF8.self)), seed.count == Ed25519.seedLength else {
+            throw ValidationError("\(path) is not a fleet key (64 hex digits)")
+        }
+        defer { secureZero(&seed); secureZero(&hexDigits) }
+        return try! Ed25519.KeyPair(seed: SecureBytes(copying: seed))
+    }
+}
+
+extension Fleet {
+    struct Key: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create the fleet key, which certifies boxes; print its public half for phones (`boxkey fleet trust`).",
+            discussion: "Keep the key file on an admin's machine, not on the boxes: whoever holds it can make a box every phone of the fleet trusts.")
+        @Option(help: "Where to write the new key (mode 600; never overwritten).") var out: String
+        func run() throws {
+            guard !FileManager.default.fileExists(atPath: out) else { throw ValidationError("\(out) exists; a fleet key is never overwritten") }
+            let key = Ed25519.KeyPair.generate()
+            var text = Array(hex(key.seed.withUnsafeBytes { Array($0) }).utf8) + [0x0a]
+            defer { secureZero(&text) }
+            try Fleet.run { try PrivateFiles.write(text, to: out) }
+            print("fleet key \(key.publicKey.fingerprint) written to \(out)\npublic key (for `boxkey fleet trust` on phones): \(hex(key.publicKey.bytes))")
+        }
+    }
+
+    struct Certify: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Certify a box: sign its key and ID with the fleet key; prints the certificate for `boxkeyd fleet install-certificate` on the box.")
+        @Option(help: "The fleet key file.") var fleetKey: String
+        @Option(help: "The box's public key, 64 hex digits (`boxkeyd status` on the box).") var boxKey: String
+        @Option(help: "The box ID.") var boxID: String
+        @Option(help: "Days the certificate is valid.") var days = 365
+        func run() throws {
+            guard let bytes = unhex(boxKey.lowercased()), let key = try? PublicKey(bytes) else { throw ValidationError("a box key is 64 hex digits") }
+            guard let id = BoxID(boxID) else { throw ValidationError("a box ID is four digits") }
+            guard (1...3650).contains(days) else { throw ValidationError("--days must be 1 to 3650") }
+            let fleet = try FleetKeyFile.read(fleetKey)
+            let now = Int64(Date().timeIntervalSince1970)
+            let cert = BoxCertificate.issue(boxKey: key, boxID: id, serial: UInt64.random(in: 1...UInt64.max), notBefore: now - 60,
+                                            notAfter: now + Int64(days) * 86_400, by: fleet)
+            print(base64Encode(cert.encode()))
+        }
+    }
+
+    struct InstallCertificate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "install-certificate",
+            abstract: "On the box: keep the certificate `boxkeyd fleet certify` printed; the box serves it from its next read of the directory.")
+        @OptionGroup var options: DaemonOptions
+        @Argument(help: "The certificate (base64).") var certificate: String
+        func run() throws {
+            let config = try options.load()
+            guard let bytes = base64Decode(certificate), let cert = try? BoxCertificate.decode(bytes) else {
+                throw ValidationError("that is not a box certificate")
+            }
+            let identity = try Fleet.run { try BoxIdentity.load(path: config.stateDirectory + "/identity") }
+            guard cert.boxKey == identity.keyPair.publicKey else {
+                throw ValidationError("the certificate is for key \(cert.boxKey.fingerprint), not this box's (\(identity.fingerprint))")
+            }
+            guard cert.boxID == (config.boxID ?? identity.boxID) else {
+                throw ValidationError("the certificate is for box \(cert.boxID), and this is box \(config.boxID ?? identity.boxID)")
+            }
+            try Fleet.run { try PrivateFiles.write(Array((base64Encode(bytes) + "\n").utf8), to: config.stateDirectory + "/fleet-certificate") }
+            print("installed certificate \(String(cert.serial, radix: 16)) for box \(cert.boxID), valid until \(Date(timeIntervalSince1970: Double(cert.notAfter)).ISO8601Format())")
+        }
+    }
+
+    struct RevokeBox: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "revoke-box",
+            abstract: "Revoke a box certificate: sign a new revocation list that names it, and write it to the directory ([fleet] revocations_dn).",
+            discussion: "Phones refuse the box once they have seen the new list (at any box of the fleet) or once the list the box serves has expired. Without a serial, signs the current list again with a new expiry: do that before --days run out.")
+        @OptionGroup var binding: Binding
+        @Option(help: "The fleet key file.") var fleetKey: String
+        @Argument(help: "The certificate's serial (hex; `boxkeyd status` on the box shows it).") var serial: String?
+        @Option(help: "Days until the list must be signed again; phones refuse every certified box after that.") var days = 30
+        func run() throws {
+            guard (1...365).contains(days) else { throw ValidationError("--days must be 1 to 365") }
+            let add = try serial.map { s in
+                guard let n = UInt64(s, radix: 16) else { throw ValidationError("a serial is hex digits") }
+                return n
+            }
+            let fleet = try FleetKeyFile.read(fleetKey)
+            let directory = try binding.directory()
+            let now = Int64(Date().timeIntervalSince1970)
+            let list = try Fleet.run {
+                try directory.updateRevocations { current in
+                    var serials = current?.serials ?? []
+                    if let add, !serials.contains(add) { serials.append(add) }
+                    return try BoxRevocationList.issue(number: (current?.number ?? 0) + 1, issued: now, nextUpdate: now + Int64(days) * 86_400,
+                                                       serials: serials, by: fleet)
+                }
+            }
+            print("revocation list \(list.number): \(list.serials.count) certificate(s) revoked, valid until \(Date(timeIntervalSince1970: Double(list.nextUpdate)).ISO8601Format())")
         }
     }
 }

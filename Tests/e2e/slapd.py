@@ -14,6 +14,9 @@ ADMIN_DN = f"cn=admin,{SUFFIX}"
 ADMIN_PASSWORD = "directory admin secret"
 BOX_DN = f"cn=boxes,ou=services,{SUFFIX}"
 BOX_PASSWORD = "the boxes' bind secret"
+FLEET_DN = f"cn=boxkey,ou=services,{SUFFIX}"
+# Users' own passwords: they bind as themselves in the tests of the access rules.
+USER_PASSWORD = "a user's directory password"
 
 
 def free_port():
@@ -110,7 +113,8 @@ olcSecurity: tls=1
 olcLimits: dn.exact="{BOX_DN}" size.soft=unlimited size.hard=unlimited size.prtotal=unlimited
 olcAccess: to attrs=userPassword by self write by anonymous auth by * none
 olcAccess: to attrs=boxkeyPhone by dn.exact="{BOX_DN}" write by users read by * none
-olcAccess: to * by users read by anonymous auth by * none
+olcAccess: to attrs=uid,uidNumber,objectClass by users read by * none
+olcAccess: to * by self write by users read by anonymous auth by * none
 """
         self._run("slapadd", "-n0", "-F", os.path.join(d, "slapd.d"), input=config)
 
@@ -118,10 +122,12 @@ olcAccess: to * by users read by anonymous auth by * none
         entries = [f"dn: {SUFFIX}\nobjectClass: dcObject\nobjectClass: organization\ndc: example\no: Example\n",
                    f"dn: ou=people,{SUFFIX}\nobjectClass: organizationalUnit\nou: people\n",
                    f"dn: ou=services,{SUFFIX}\nobjectClass: organizationalUnit\nou: services\n",
-                   f"dn: {BOX_DN}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\ncn: boxes\nuserPassword: {BOX_PASSWORD}\n"]
+                   f"dn: {BOX_DN}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\ncn: boxes\nuserPassword: {BOX_PASSWORD}\n",
+                   f"dn: {FLEET_DN}\nobjectClass: organizationalRole\nobjectClass: boxkeyFleet\ncn: boxkey\n"]
         names = list(users) + [f"user{n:05d}" for n in range(extra_users)]
         for name in names:
-            entries.append(f"dn: uid={name},{PEOPLE}\nobjectClass: inetOrgPerson\nobjectClass: boxkeyUser\nuid: {name}\ncn: {name}\nsn: {name}\n")
+            entries.append(f"dn: uid={name},{PEOPLE}\nobjectClass: inetOrgPerson\nobjectClass: boxkeyUser\nuid: {name}\ncn: {name}\nsn: {name}\n"
+                           + (f"userPassword: {USER_PASSWORD}\n" if name in users else ""))
         self._run("slapadd", "-q", "-n1", "-F", os.path.join(self.dir, "slapd.d"), input="\n".join(entries))
 
     def start(self):
@@ -146,7 +152,7 @@ olcAccess: to * by users read by anonymous auth by * none
     def fleet_settings(self, **extra):
         """The [fleet] section of a box using this directory."""
         return dict({"uri": self.uri, "starttls": True, "ca_file": self.ca, "base": PEOPLE, "bind_dn": BOX_DN,
-                     "bind_password_file": self.box_password_file}, **extra)
+                     "bind_password_file": self.box_password_file, "revocations_dn": FLEET_DN}, **extra)
 
     def ldap(self, tool, *args, input=None, bind=(ADMIN_DN, ADMIN_PASSWORD)):
         """ldapsearch/ldapmodify over StartTLS, as the directory's admin by default."""

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import PASSWORD, wait_for
-from slapd import ADMIN_DN, PEOPLE, Slapd
+from slapd import ADMIN_DN, PEOPLE, USER_PASSWORD, Slapd
 
 REFRESH_S = 5
 
@@ -151,19 +151,65 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_users_cannot_enrol_their_own_phones_in_the_directory(world, directory):
-    """The self-service path is a pairing code at a box: the directory's rules keep users from
-    writing boxkeyPhone themselves (docs/fleet.md gives them)."""
-    r = directory.ldap("ldapmodify", input=f"dn: uid=alice,{PEOPLE}\nchangetype: modify\nadd: boxkeyPhone\nboxkeyPhone: {'ab' * 32}\n",
-                       bind=(f"uid=alice,{PEOPLE}", "unused"))
-    assert r.returncode != 0
+def test_users_cannot_enrol_their_own_phones_or_take_another_name_in_the_directory(world, directory):
+    """The self-service path is a pairing code at a box: the directory's rules (docs/fleet.md)
+    keep users from writing boxkeyPhone, or their login name, themselves; they may still write
+    the rest of their entry, as in most directories."""
+    alice = (f"uid=alice,{PEOPLE}", USER_PASSWORD)
+    def modify(change):
+        return directory.ldap("ldapmodify", input=f"dn: uid=alice,{PEOPLE}\nchangetype: modify\n{change}\n", bind=alice)
+    assert modify("replace: description\ndescription: mine").returncode == 0  # bound as herself: the rules decide
+    r = modify(f"add: boxkeyPhone\nboxkeyPhone: {'ab' * 32}")
+    assert r.returncode == 50, r.stderr  # insufficientAccess
+    r = modify("replace: uid\nuid: bob\nuid: alice")
+    assert r.returncode == 50, r.stderr
     assert directory.phones("alice") == []
 
 
-def test_a_bad_fleet_section_is_refused_with_the_reason(world, directory):
-    world.settings["fleet"] = {"uri": directory.uri, "base": PEOPLE}  # ldap:// without StartTLS
+def test_an_entry_that_claims_another_users_name_vouches_for_nobody(world, directory):
+    """If a directory lets a user rename their entry (or holds a copy of an entry elsewhere),
+    a name on two entries, or an entry with two names, enrols no phone: mallory's phone is not
+    taken for alice, and alice's own phone is not taken either until the directory is fixed."""
+    use_fleet(world, directory)
+    mallory_phone = phone_key(world)  # the World's phone plays mallory's
+    r = directory.ldap("ldapmodify", input=f"dn: uid=bob,{PEOPLE}\nchangetype: modify\nreplace: uid\nuid: alice\nuid: bob\n"
+                                           f"-\nadd: boxkeyPhone\nboxkeyPhone: {mallory_phone}\n")
+    assert r.returncode == 0, r.stderr
+    world.settings["login"] = {"key_users": ["alice"]}
+    world.start_box()
+    wait_for(lambda: "fleet: read" in world.box_output(), what="the box's read")
+    assert "fleet: read 0 phone(s)" in world.box_output()
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", "--key-only").returncode == 0
+    r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+    assert r.returncode != 0 and "not enrolled" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+
+
+def test_a_box_admin_revokes_a_phone_known_only_from_the_directory(world, directory):
+    """`boxkeyd phones revoke` at a box works for a fleet phone too, and holds while the
+    directory still lists it (a lost phone during a directory outage)."""
+    use_fleet(world, directory)
+    key = phone_key(world)
+    assert admin_fleet(world, directory, "enrol", key, "--user", "alice").returncode == 0
+    world.start_box()
+    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's read")
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    fingerprint = re.search(r"fingerprint: (\S+)", world.phone("status").stdout).group(1)
+    r = world.admin("phones", "revoke", fingerprint[:9])
+    assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
+    r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+    assert r.returncode != 0 and "revoked" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+
+
+@pytest.mark.parametrize("uri, says", [("ldap://127.0.0.1/", "never read in clear"),  # ldap:// without StartTLS
+                                       ("ldaps://127.0.0.1:1/,ldap://127.0.0.1/", "one URI")])  # libldap would try the second
+def test_a_bad_fleet_section_is_refused_with_the_reason(world, uri, says):
+    world.settings["fleet"] = {"uri": uri, "base": PEOPLE}
     r = subprocess.run([world.bins["boxkeyd"], "run", "--check-config", "--config", world.config()], capture_output=True, text=True)
-    assert r.returncode == 78 and "never read in clear" in r.stderr, r.stderr
+    assert r.returncode == 78 and says in r.stderr, r.stderr
 
 
 def test_a_directory_with_an_untrusted_certificate_is_not_read(world, directory):
@@ -172,3 +218,55 @@ def test_a_directory_with_an_untrusted_certificate_is_not_read(world, directory)
     wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the refused read")
     assert re.search(r"StartTLS failed|certificate", world.box_output()), world.box_output()[-2000:]
     assert "fleet phones REFUSED" in world.admin("status").stdout
+
+
+def test_a_phone_that_trusts_the_fleet_key_takes_a_certified_box_and_refuses_it_once_revoked(world, directory):
+    """Box certificates: the admin makes a fleet key, certifies box 4821, and signs the
+    revocation list into the directory; a phone that trusts the fleet key logs in at the box
+    without pairing. Once the box's certificate is revoked, the phone refuses the box (no
+    credentials sent), and the prompt still takes the password."""
+    fleet_key = os.path.join(world.work, "fleet.key")
+    def offline(*args):  # on the admin's machine: the fleet key never goes to a box
+        return subprocess.run([world.bins["boxkeyd"], "fleet", *args], capture_output=True, text=True, timeout=20)
+    r = offline("key", "--out", fleet_key)
+    assert r.returncode == 0, r.stdout + r.stderr
+    public = re.search(r"public key .*: ([0-9a-f]{64})", r.stdout).group(1)
+    assert oct(os.stat(fleet_key).st_mode & 0o777) == "0o600"
+    use_fleet(world, directory)
+    r = admin_fleet(world, directory, "revoke-box", "--fleet-key", fleet_key)
+    assert r.returncode == 0 and "revocation list 1: 0 certificate(s) revoked" in r.stdout, r.stdout + r.stderr
+    key = phone_key(world)
+    assert admin_fleet(world, directory, "enrol", key, "--user", "alice").returncode == 0
+    world.start_box()
+    r = offline("certify", "--fleet-key", fleet_key, "--box-key", world.box_key(), "--box-id", "4821")
+    assert r.returncode == 0, r.stdout + r.stderr
+    certificate = r.stdout.strip()
+    # A certificate for another box is refused at installation.
+    r2 = offline("certify", "--fleet-key", fleet_key, "--box-key", "ab" * 32, "--box-id", "4821")
+    assert world.admin("fleet", "install-certificate", r2.stdout.strip()).returncode != 0
+    r = world.admin("fleet", "install-certificate", certificate)
+    assert r.returncode == 0 and "installed certificate" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: "fleet: serving certificate" in world.box_output(), timeout=REFRESH_S + 5,
+             what=lambda: "the box serving its certificate:\n" + world.box_output()[-1500:])
+    serial = re.search(r"serving certificate ([0-9a-f]+)", world.box_output()).group(1)
+
+    # Not trusting the fleet key: the box is not paired, nothing is sent.
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    r = world.phone("login", "4821", "--no-stay")
+    assert r.returncode != 0 and "not paired" in r.stderr, r.stdout + r.stderr
+    # Trusting it: logged in, no pairing.
+    r = world.phone("fleet", "trust", public)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r, (code, out) = phone_login(world, "4821")
+    assert r.returncode == 0 and "Logged in to box 4821 as alice" in r.stdout, r.stdout + r.stderr + world.box_output()[-2000:]
+    assert code == 0
+    assert "revocation list 1 seen" in world.phone("fleet").stdout
+
+    # Revoked: the box serves the list that names it; the phone refuses the box.
+    r = admin_fleet(world, directory, "revoke-box", serial, "--fleet-key", fleet_key)
+    assert r.returncode == 0 and "revocation list 2: 1 certificate(s) revoked" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: "certificate is REVOKED" in world.box_output(), timeout=REFRESH_S + 5, what="the box reading the new list")
+    r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+    assert r.returncode != 0 and "was revoked by the fleet" in r.stderr and "No credentials were sent" in r.stderr, r.stdout + r.stderr
+    assert code == 0 and "successfully authenticated" in out, out
+    assert "login attempt" not in world.box_output().split("certificate is REVOKED")[1]

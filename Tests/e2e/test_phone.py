@@ -330,7 +330,7 @@ def test_doctor_says_what_is_wrong_and_what_to_do(world):
 COMMANDS = [(), ("scan",), ("pair",), ("forget",), ("credentials",), ("credentials", "set"), ("credentials", "clear"),
             ("credentials", "show"), ("pin",), ("pin", "set"), ("pin", "change"), ("pin", "clear"), ("login",), ("lock",),
             ("logout",), ("status",), ("doctor",), ("agent",), ("agent", "start"), ("agent", "status"), ("agent", "forget"),
-            ("agent", "stop"), ("sim",), ("sim", "move")]
+            ("agent", "stop"), ("fleet",), ("fleet", "trust"), ("fleet", "forget"), ("sim",), ("sim", "move")]
 
 
 @pytest.mark.parametrize("words", COMMANDS, ids=lambda w: " ".join(("boxkey",) + w))

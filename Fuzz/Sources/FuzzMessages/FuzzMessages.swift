@@ -13,5 +13,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     }
     if let a = try? Advertisement.decode(bytes) { precondition(a.encode() == bytes) }
     if let i = try? BoxInfo.decode(bytes) { precondition(i.encode() == bytes) }
+    if let c = try? BoxCertificate.decode(bytes) { precondition(c.encode() == bytes) }
+    if let l = try? BoxRevocationList.decode(bytes) { precondition(l.encode() == bytes) }
     return 0
 }

@@ -59,3 +59,29 @@ extension Array where Element == UInt8 {
         return try result.get()
     }
 }
+
+/// Standard base64 (with padding), through libsodium: how certificates and revocation lists
+/// travel as text (command lines, files, directory attributes).
+public func base64Encode(_ bytes: [UInt8]) -> String {
+    requireSodium()
+    let variant = Int32(sodium_base64_VARIANT_ORIGINAL)
+    var out = [CChar](repeating: 0, count: sodium_base64_encoded_len(bytes.count, variant))
+    _ = sodium_bin2base64(&out, out.count, bytes, bytes.count, variant)
+    return String(cString: out)
+}
+
+/// Decodes standard base64 (whitespace around it ignored); nil if it is not base64.
+public func base64Decode(_ text: String) -> [UInt8]? {
+    requireSodium()
+    let trimmed = Array(text.utf8.drop { $0 == 0x20 || $0 == 0x0a || $0 == 0x0d || $0 == 0x09 }.reversed()
+        .drop { $0 == 0x20 || $0 == 0x0a || $0 == 0x0d || $0 == 0x09 }.reversed())
+    var out = [UInt8](repeating: 0, count: trimmed.count)
+    var length = 0
+    let rc = trimmed.withUnsafeBufferPointer { p in
+        p.withMemoryRebound(to: CChar.self) { c in
+            sodium_base642bin(&out, out.count, c.baseAddress, trimmed.count, nil, &length, nil, Int32(sodium_base64_VARIANT_ORIGINAL))
+        }
+    }
+    guard rc == 0 else { return nil }
+    return Array(out.prefix(length))
+}

@@ -8,6 +8,10 @@ struct FleetHealth: Sendable {
     var lastReadRequests = 0
     var lastError: String?
     var failingSince: Date?
+    var certificate: BoxCertificate?
+    var certificateProblem: String?
+    /// What Info serves now, as logged (a change is logged once).
+    var served: String?
 }
 
 extension Box {
@@ -17,8 +21,23 @@ extension Box {
     func enrolledUsers(of phone: PublicKey, now: Date = Date()) -> [String] {
         let local = registry.users(of: phone)
         guard let fleet = config.fleet, let roster = fleetRoster, !registry.isRevoked(phone) else { return local }
-        let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale)
+        // A user the box knows, not root, with the uid the directory gives (where it gives one).
+        let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale).filter { user in
+            guard let uid = uid(of: user), uid != 0 else { return false }
+            return roster.uidNumbers[user].map { $0 == uid } ?? true
+        }
         return local + fromFleet.filter { !local.contains($0) }
+    }
+
+    /// The one fleet phone whose fingerprint starts with `fingerprint` (for a local revocation).
+    func fleetPhone(fingerprint: String) -> (key: PublicKey, name: String)? {
+        let wanted = fingerprint.uppercased().filter { $0 != "-" }
+        guard !wanted.isEmpty, let roster = fleetRoster else { return nil }
+        let matches = roster.phones.compactMap { k, p -> (PublicKey, String)? in
+            guard let bytes = unhex(k), let key = try? PublicKey(bytes), key.fingerprint.filter({ $0 != "-" }).hasPrefix(wanted) else { return nil }
+            return (key, p.name)
+        }
+        return matches.count == 1 ? matches[0] : nil
     }
 
     /// With `[fleet] publish`, a phone enrolled here by a pairing code is written to the
@@ -46,12 +65,24 @@ extension Box {
         if fleetHealth.failingSince != nil {
             audit.audit(.notice, .fleet, "fleet directory answers again: \(roster.phones.count) phones (it had failed since \(fleetHealth.failingSince!.formatted(.iso8601)))")
         }
-        fleetHealth = FleetHealth(lastRead: roster.readAt, lastReadSeconds: seconds, lastReadRequests: requests)
+        fleetHealth.lastRead = roster.readAt
+        fleetHealth.lastReadSeconds = seconds
+        fleetHealth.lastReadRequests = requests
+        fleetHealth.lastError = nil
+        fleetHealth.failingSince = nil
         guard let old else { return }
         for (key, users) in roster.lost(since: old) {
             guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { continue }
             audit.audit(.notice, .revoked, "fleet: phone \(phone.fingerprint) is no longer enrolled for \(users.map(logSafe).joined(separator: ",")) in the directory", phone: phone.fingerprint)
             let still = enrolledUsers(of: phone)
+            if still.isEmpty {
+                // Enrolled nowhere now: as a local revocation, its pending enrolment goes, and
+                // so do its sealed passwords (escrow mode).
+                enrolment.settle(phone)
+                if let n = try? escrow.destroy(phone: phone.fingerprint), n > 0 {
+                    audit.audit(.notice, .revoked, "destroyed \(n) sealed password(s) of phone \(phone.fingerprint), no longer enrolled in the directory", phone: phone.fingerprint)
+                }
+            }
             for (id, link) in links where link.connection.phoneKey == phone {
                 let user = presences[id]?.user
                 guard still.isEmpty || user.map({ !still.contains($0) }) == true else { continue }
@@ -79,6 +110,46 @@ extension Box {
         return DaemonStatus.Fleet(uri: fleet.uri, phones: fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
                                   fresh: fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
                                   maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: fleetHealth.lastError,
-                                  publish: fleet.publish)
+                                  publish: fleet.publish,
+                                  certificate: fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
+                                  certificateProblem: fleetHealth.certificateProblem)
+    }
+}
+
+extension Box {
+    /// This box's fleet certificate and the fleet's revocation list, for Info; phones read it
+    /// before taking a box they have not pinned. Checked against this box first: a certificate
+    /// for another key or ID, expired, or revoked is logged and not served (phones would refuse
+    /// it anyway, with a less useful message).
+    public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
+        var problem: String?
+        if let c = certificate {
+            if c.boxKey != identity.keyPair.publicKey || c.boxID != identity.boxID {
+                problem = "the fleet certificate is for box \(c.boxID) with key \(c.boxKey.fingerprint), not this box (\(identity.boxID), \(identity.fingerprint))"
+            } else if now > c.notAfter {
+                problem = "this box's fleet certificate expired at \(c.notAfter) (Unix time): certify it again (boxkeyd fleet certify)"
+            } else if revocations?.serials.contains(c.serial) == true {
+                problem = "this box's fleet certificate is REVOKED in the fleet's list"
+            } else if revocations == nil {
+                problem = "no revocation list at [fleet] revocations_dn: phones refuse a certified box without a current one"
+            } else if let r = revocations, now > r.nextUpdate {
+                problem = "the fleet's revocation list expired at \(r.nextUpdate) (Unix time): phones refuse this box until the admin signs a new one"
+            }
+        }
+        let served = certificate.map { "\(String($0.serial, radix: 16)) (valid until \($0.notAfter)) and revocation list \(revocations?.number ?? 0)" }
+        if problem != fleetHealth.certificateProblem || served != fleetHealth.served {
+            if let problem { audit.audit(.error, .fleet, "fleet: \(problem)") }
+            else if let served { audit.audit(.notice, .fleet, "fleet: serving certificate \(served)") }
+            fleetHealth.certificateProblem = problem
+            fleetHealth.served = served
+        }
+        fleetHealth.certificate = certificate
+        var credentials: [UInt8] = []
+        if let c = certificate, c.boxKey == identity.keyPair.publicKey, c.boxID == identity.boxID {
+            credentials = c.encode() + (revocations?.encode() ?? [])
+        }
+        guard credentials != fleetCredentials else { return }
+        fleetCredentials = credentials
+        outboxContinuation.yield(.setInfo(info.encode()))
     }
 }

@@ -53,6 +53,7 @@ public struct FleetDirectory: Sendable {
         guard !bindDN.isEmpty, bindDN != "EXTERNAL" else { return [0] }
         var st = stat()
         guard stat(passwordFile, &st) == 0 else { throw Failure(description: "cannot read the bind password file \(passwordFile): \(String(cString: strerror(errno)))") }
+        guard st.st_uid == geteuid() else { throw Failure(description: "the bind password file \(passwordFile) is not owned by this user (uid \(geteuid()))") }
         guard st.st_mode & 0o077 == 0 else { throw Failure(description: "the bind password file \(passwordFile) is readable by others (mode \(String(st.st_mode & 0o777, radix: 8))); chmod 600 it") }
         guard let data = FileManager.default.contents(atPath: passwordFile) else { throw Failure(description: "cannot read the bind password file \(passwordFile)") }
         var bytes = [UInt8](data)
@@ -63,15 +64,23 @@ public struct FleetDirectory: Sendable {
         return line
     }
 
-    /// Every entry under the base with phones: the roster, and the round trips it took.
+    /// More entries with phones than this is not a fleet but a directory gone wrong: the read fails.
+    public static let maxEntries = 200_000
+
+    /// Every entry under the base with phones: the roster, the round trips it took, and what it
+    /// left out (values that are not phone keys; entries whose login name is ambiguous).
     public func readRoster(now: Date = Date()) throws -> (roster: FleetRoster, requests: Int, skipped: Int) {
         try withConnection { ld in
-            var roster = FleetRoster(readAt: now)
-            var skipped = 0
-            let requests = try search(ld, filter: "(&(objectClass=\(Self.userClass))(\(Self.phoneAttribute)=*))") { _, user, values in
-                guard let user else { return }
-                skipped += roster.add(user: user, values: values).count
+            var entries: [(names: [String], number: String?, values: [String])] = []
+            var tooMany = false
+            let requests = try search(ld, filter: "(&(objectClass=\(Self.userClass))(\(Self.phoneAttribute)=*))") { _, names, number, values in
+                entries.append((names, number, values))
+                tooMany = entries.count > Self.maxEntries
+                return tooMany
             }
+            if tooMany { throw Failure(description: "more than \(Self.maxEntries) entries with phones under \(settings.base)") }
+            var roster = FleetRoster(readAt: now)
+            let skipped = roster.add(entries: entries)
             return (roster, requests, skipped)
         }
     }
@@ -83,7 +92,7 @@ public struct FleetDirectory: Sendable {
 
     private func entry(_ ld: OpaquePointer, _ user: String) throws -> (dn: String, phones: [String])? {
         var found: [(String, [String])] = []
-        _ = try search(ld, filter: "(\(settings.userAttribute)=\(Self.escape(user)))") { dn, _, values in found.append((dn, values)) }
+        _ = try search(ld, filter: "(\(settings.userAttribute)=\(Self.escape(user)))") { dn, _, _, values in found.append((dn, values)); return false }
         guard found.count <= 1 else { throw Failure(description: "\(found.count) entries under \(settings.base) have \(settings.userAttribute)=\(user)") }
         return found.first
     }
@@ -116,24 +125,68 @@ public struct FleetDirectory: Sendable {
     }
 
     private func change(_ ld: OpaquePointer, dn: String, add: Bool, value: String) throws {
+        try change(ld, dn: dn, operation: add ? Int32(BOXKEY_LDAP_ADD) : Int32(BOXKEY_LDAP_DELETE), attribute: Self.phoneAttribute, value: value,
+                   objectClass: Self.userClass)
+    }
+
+    private func change(_ ld: OpaquePointer, dn: String, operation: Int32, attribute: String, value: String, objectClass: String) throws {
         var err = [CChar](repeating: 0, count: 512)
-        let rc = boxkey_ldap_change(ld, dn, add ? 1 : 0, Self.phoneAttribute, value, add ? Self.userClass : nil, &err, err.count)
+        let rc = boxkey_ldap_change(ld, dn, operation, attribute, value, objectClass, &err, err.count)
         guard rc == 0 else { throw Failure(description: "\(dn): \(String(cString: err))") }
     }
 
+    // MARK: - The fleet's revocation list of box certificates
+
+    public static let revocationsAttribute = "boxkeyBoxRevocations"
+    public static let fleetClass = "boxkeyFleet"
+
+    /// The signed revocation list on `[fleet] revocations_dn` (nil: none there yet).
+    public func readRevocations() throws -> BoxRevocationList? {
+        guard !settings.revocationsDN.isEmpty else { return nil }
+        return try withConnection { ld in try readRevocations(ld) }
+    }
+
+    private func readRevocations(_ ld: OpaquePointer) throws -> BoxRevocationList? {
+        var values: [String] = []
+        _ = try search(ld, base: settings.revocationsDN, filter: "(objectClass=*)", names: "cn", values: Self.revocationsAttribute) { _, _, _, v in values += v; return false }
+        guard let value = values.first else { return nil }
+        guard let bytes = base64Decode(value), let list = try? BoxRevocationList.decode(bytes) else {
+            throw Failure(description: "\(settings.revocationsDN): \(Self.revocationsAttribute) is not a revocation list")
+        }
+        return list
+    }
+
+    /// Reads the current list, lets `change` make the next one, and writes it.
+    public func updateRevocations(_ change: (BoxRevocationList?) throws -> BoxRevocationList) throws -> BoxRevocationList {
+        guard !settings.revocationsDN.isEmpty else { throw Failure(description: "[fleet] revocations_dn is not set") }
+        return try withConnection { ld in
+            let next = try change(try readRevocations(ld))
+            try self.change(ld, dn: settings.revocationsDN, operation: Int32(BOXKEY_LDAP_REPLACE), attribute: Self.revocationsAttribute,
+                            value: base64Encode(next.encode()), objectClass: Self.fleetClass)
+            return next
+        }
+    }
+
     /// Runs a paged search under the base; returns the round trips.
-    private func search(_ ld: OpaquePointer, filter: String, _ each: (String, String?, [String]) -> Void) throws -> Int {
-        final class Sink { var each: (String, String?, [String]) -> Void; init(_ e: @escaping (String, String?, [String]) -> Void) { each = e } }
+    /// Each entry: its DN, its login names, its uidNumber, its phone values; true stops.
+    typealias Entry = (String, [String], String?, [String]) -> Bool
+
+    private func search(_ ld: OpaquePointer, filter: String, _ each: Entry) throws -> Int {
+        try search(ld, base: settings.base, filter: filter, names: settings.userAttribute, values: Self.phoneAttribute, each)
+    }
+
+    private func search(_ ld: OpaquePointer, base: String, filter: String, names: String, values: String, _ each: Entry) throws -> Int {
+        final class Sink { var each: Entry; init(_ e: @escaping Entry) { each = e } }
         return try withoutActuallyEscaping(each) { each in
             let sink = Sink(each)
             var requests: Int32 = 0
             var err = [CChar](repeating: 0, count: 512)
             let rc = withExtendedLifetime(sink) {
-                boxkey_ldap_search(ld, settings.base, filter, settings.userAttribute, Self.phoneAttribute, Int32(Self.pageSize), { context, dn, first, values, count in
+                boxkey_ldap_search(ld, base, filter, names, values, Int32(Self.pageSize), { context, dn, names, nameCount, number, values, count in
                     let sink = Unmanaged<Sink>.fromOpaque(context!).takeUnretainedValue()
                     let strings = (0..<Int(count)).map { String(cString: values![$0]!) }
-                    sink.each(String(cString: dn!), first.map { String(cString: $0) }, strings)
-                    return 0
+                    let nameStrings = (0..<Int(nameCount)).map { String(cString: names![$0]!) }
+                    return sink.each(String(cString: dn!), nameStrings, number.map { String(cString: $0) }, strings) ? 1 : 0
                 }, Unmanaged.passUnretained(sink).toOpaque(), &requests, &err, err.count)
             }
             guard rc == 0 else { throw Failure(description: "\(settings.uri): \(String(cString: err))") }

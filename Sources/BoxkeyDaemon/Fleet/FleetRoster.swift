@@ -18,10 +18,31 @@ public struct FleetRoster: Sendable, Codable, Equatable {
     public var readAt: Date
     /// By phone key (64 hex digits).
     public var phones: [String: Phone]
+    /// The uidNumber the directory gives each user, where it gives one: a box takes a fleet
+    /// phone for a user only if its own user database agrees.
+    public var uidNumbers: [String: UInt32] = [:]
 
     public init(readAt: Date, phones: [String: Phone] = [:]) {
         self.readAt = readAt
         self.phones = phones
+    }
+
+    /// Adds the entries of a read: each with its login names, uidNumber and phone values. An
+    /// entry with no name or several, and every entry of a name that more than one entry
+    /// carries, vouch for nobody (a user who could rename their entry, or a copy in another
+    /// branch, must not take over another's name). Returns how many values and entries were
+    /// left out.
+    public mutating func add(entries: [(names: [String], number: String?, values: [String])]) -> Int {
+        var skipped = 0
+        var entriesPerName: [String: Int] = [:]
+        for e in entries where e.names.count == 1 { entriesPerName[e.names[0], default: 0] += 1 }
+        for e in entries {
+            guard e.names.count == 1, entriesPerName[e.names[0]] == 1 else { skipped += 1; continue }
+            let user = e.names[0]
+            if let n = e.number.flatMap({ UInt32($0) }) { uidNumbers[user] = n }
+            skipped += add(user: user, values: e.values).count
+        }
+        return skipped
     }
 
     /// Adds one directory entry: `user` and the values of its phone attribute. A value that is

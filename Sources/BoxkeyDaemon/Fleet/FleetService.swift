@@ -14,11 +14,33 @@ struct FleetService: Service {
     let cachePath: String
     let logger: Logger
 
+    let certificatePath: String
+
     init(box: Box, settings: DaemonConfig.Fleet, stateDirectory: String, logger: Logger) {
         self.box = box
         directory = FleetDirectory(settings: settings)
         cachePath = stateDirectory + "/fleet-roster.json"
+        certificatePath = stateDirectory + "/" + FleetService.certificateFile
         self.logger = logger
+    }
+
+    /// The box's certificate, as `boxkeyd fleet install-certificate` writes it (base64).
+    public static let certificateFile = "fleet-certificate"
+
+    /// Reads this box's certificate (if it has one) and the fleet's revocation list, and has
+    /// the box serve them. A list that cannot be read keeps the one served before.
+    func serveCertificate() async throws {
+        guard FileManager.default.fileExists(atPath: certificatePath) else { return }
+        var certificate: BoxCertificate?
+        if let text = FileManager.default.contents(atPath: certificatePath).map({ String(decoding: $0, as: UTF8.self) }),
+           let bytes = base64Decode(text), let c = try? BoxCertificate.decode(bytes) {
+            certificate = c
+        } else {
+            logger.error("fleet: \(certificatePath) is not a box certificate")
+        }
+        let directory = directory
+        let list = try await NIOThreadPool.singleton.runIfActive { try directory.readRevocations() }
+        await box.fleetCertificate(certificate, revocations: list, now: Int64(Date().timeIntervalSince1970))
     }
 
     func run() async throws {
@@ -46,6 +68,14 @@ struct FleetService: Service {
             let started = ContinuousClock.now
             var wait = directory.settings.refresh
             do {
+                // libldap bounds each wait, not the whole read: a directory that drips bytes can
+                // hold it for long. The box says so (status, log) while it waits.
+                let box = box, limit = directory.settings.timeout * 4
+                let watchdog = Task {
+                    try await Task.sleep(for: limit)
+                    await box.fleetReadFailed("no answer from the directory within \(limit.components.seconds) s (still waiting)")
+                }
+                defer { watchdog.cancel() }
                 let (roster, requests, skipped) = try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
                 let took = ContinuousClock.now - started
                 let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
@@ -55,6 +85,9 @@ struct FleetService: Service {
                     phonesBefore = roster.phones.count
                 }
                 do { try roster.save(path: cachePath) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
+                do { try await serveCertificate() } catch {
+                    logger.warning("fleet: cannot read the revocation list at \(directory.settings.revocationsDN): \(error)")
+                }
             } catch {
                 await box.fleetReadFailed("\(error)")
                 // Retry sooner than the refresh, not in a tight loop.

@@ -15,21 +15,25 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
                      const char *bind_dn, const char *password, int timeout_s,
                      char *err, size_t err_len);
 
-/* One entry of a search: its DN, and the values of the two attributes asked for (the first of
-   `first_attr`, NULL if none; every value of `values_attr`). Returns 0 to go on. */
-typedef int (*boxkey_ldap_entry)(void *context, const char *dn, const char *first,
-                                 const char *const *values, int count);
+/* One entry of a search: its DN, every value of `names_attr` (the login name: an entry with
+   several is ambiguous), its uidNumber (NULL if none), and every value of `values_attr`.
+   Returns 0 to go on, anything else to stop the search. */
+typedef int (*boxkey_ldap_entry)(void *context, const char *dn, const char *const *names, int name_count,
+                                 const char *number, const char *const *values, int count);
 
 /* A subtree search under `base`, `page_size` entries per round trip (RFC 2696 paged results;
    0: unpaged). `*requests` counts the round trips. */
 int boxkey_ldap_search(boxkey_ldap *ld, const char *base, const char *filter,
-                       const char *first_attr, const char *values_attr, int page_size,
+                       const char *names_attr, const char *values_attr, int page_size,
                        boxkey_ldap_entry each, void *context, int *requests,
                        char *err, size_t err_len);
 
-/* Adds (add != 0) or deletes one value of `attr` on `dn`. When adding to an entry whose classes
-   do not allow `attr`, `object_class` (if not NULL: the auxiliary class that does) is added with it. */
-int boxkey_ldap_change(boxkey_ldap *ld, const char *dn, int add, const char *attr,
+enum { BOXKEY_LDAP_DELETE = 0, BOXKEY_LDAP_ADD = 1, BOXKEY_LDAP_REPLACE = 2 };
+
+/* Deletes or adds one value of `attr` on `dn`, or replaces all its values with it. When writing
+   to an entry whose classes do not allow `attr`, `object_class` (if not NULL: the auxiliary
+   class that does) is added with it. */
+int boxkey_ldap_change(boxkey_ldap *ld, const char *dn, int operation, const char *attr,
                        const char *value, const char *object_class, char *err, size_t err_len);
 
 void boxkey_ldap_close(boxkey_ldap *ld);
