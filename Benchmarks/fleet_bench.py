@@ -32,6 +32,10 @@ def main():
     logind = Logind(work)
     logind.add_session("42", USERS["alice"], "alice", tty="tty1")
     world = World(bins, work, logind)
+    # The release boxkeyd (static Swift runtime) does not start under pam_wrapper's preload;
+    # directory-enrolled phones never reach the box's own PAM service, so it runs without.
+    world.box_env = {k: v for k, v in world.box_env.items() if not k.startswith("PAM_WRAPPER")}
+    world.box_env["LD_PRELOAD"] = "libnss_wrapper.so"
     directory = None
     try:
         alice_key = re.search(r"([0-9a-f]{64})", world.phone("status").stdout).group(1)
@@ -86,6 +90,14 @@ def main():
                      timeout=REFRESH_S + 10, interval=0.2, what="the phone back")
         rss = int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{world.box_process.pid}/status").read()).group(1)) / 1024
 
+        # The same logins on the same box without [fleet] (the phone enrolled at the box).
+        world.stop_box()
+        del world.settings["fleet"]
+        world.start_box()
+        r = world.admin("phones", "enrol", alice_key, "--user", "alice")
+        assert r.returncode == 0, r.stdout + r.stderr
+        local_ms = [login(world, directory)[0] for _ in range(rounds)]
+
         print()
         print(f"Fleet directory (slapd on this machine, {USERS_IN_DIRECTORY:,} users, {PHONES:,} with a phone; {'short' if short else 'full'} mode)")
         print(f"  roster read (boxkeyd fleet check), median of {rounds}: {statistics.median(reads)} ms, {requests} paged request(s)")
@@ -93,6 +105,7 @@ def main():
             print(f"  roster read by the box at start: {float(box_read.group(1)) * 1000:.0f} ms, {box_read.group(2)} request(s); box RSS after: {rss:.1f} MiB")
         print(f"  login, cold cache (box just started, no cache file): {cold_ms} ms; directory lookups during it: {cold_lookups}")
         print(f"  login, warm cache, median of {rounds}: {statistics.median(warm_ms)} ms (max {max(warm_ms)}); directory lookups in all: {warm_lookups}")
+        print(f"  login, the same box without [fleet] (phone enrolled at the box), median of {rounds}: {statistics.median(local_ms)} ms")
         print(f"  revocation → box drops the phone (refresh_s = {REFRESH_S}): " + ", ".join(f"{p:.1f} s" for p in propagation)
               + f"; bound: refresh_s + one read")
     finally:
