@@ -39,6 +39,8 @@ public actor BoxLink {
     private let mtu: Int
     private var closed = false
     public nonisolated var peer: DeviceAddress { link.peer }
+    /// The box key the handshake proved.
+    public nonisolated let boxKey: PublicKey
 
     /// Connects, subscribes and runs the handshake: a login handshake to a pinned key, or with
     /// `pairingCode` a pairing handshake that proves the code and verifies `boxKey`.
@@ -131,6 +133,7 @@ public actor BoxLink {
     }
 
     private init(link: any CentralLink, connection: PhoneConnection, mtu: Int) {
+        boxKey = connection.boxKey
         self.link = link
         self.connection = connection
         self.mtu = mtu

@@ -28,9 +28,14 @@ extension Phone {
     /// Opens a channel to paired box `id`, recording where it was heard.
     public mutating func connect(to id: BoxID, radio: any CentralRadio, searchTime: Duration = Phone.searchTime,
                                  progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> BoxLink {
-        // A box not paired, or taken on its certificate before, with a fleet key trusted: its
-        // certificate and the fleet's revocation list decide, at every connection.
-        if !fleet.keys.isEmpty, boxes.key(of: id) == nil || boxes.box(id)?.viaFleet == true {
+        // A long-running agent's copy may be stale: `boxkey fleet trust/forget` changed the files.
+        if let fresh = try? FleetTrust.load(dirs) { fleet = fresh }
+        if let fresh = try? PairedBoxes.load(dirs, makingFolders: false) { boxes = fresh }
+        // A box taken on its certificate: only ever by its certificate (never as a paired box,
+        // even once its fleet key is no longer trusted). An unpaired box, with a fleet key
+        // trusted: its certificate and the fleet's revocation list decide, at every connection.
+        if boxes.box(id)?.viaFleet == true || (!fleet.keys.isEmpty && boxes.key(of: id) == nil) {
+            guard !fleet.keys.isEmpty else { throw noLongerTrusted(id) }
             return try await connectCertified(to: id, radio: radio, searchTime: searchTime, progress: progress)
         }
         let key = try pinnedKey(id)
@@ -71,9 +76,11 @@ extension Phone {
             attempts += 1
             let heard = try await find(id, pinned: nil, radio: radio, searchTime: searchTime, progress: progress)
             var verdict: (BoxCertificate, BoxRevocationList, Ed25519.PublicKey)?
+            var newer: (BoxRevocationList, Ed25519.PublicKey)?
             do {
                 let (info, link) = try await BoxLink.openReadingInfo(to: heard, identity: identity, radio: radio, code: nil) { info in
                     guard info.boxID == id else { throw PhoneFailure(.failure, "the box answering as \(id) says it is \(info.boxID)") }
+                    newer = FleetCheck.revocationList(in: info.fleet, trusted: trusted)
                     do {
                         verdict = try FleetCheck.verify(info.fleet, boxID: id, boxKey: info.staticKey, trusted: trusted,
                                                         newestSeen: { seen.newestList($0) }, now: now)
@@ -81,11 +88,14 @@ extension Phone {
                         throw PhoneFailure(.keyChanged, "box \(id) is not a box of your fleet: \(error). No credentials were sent.")
                     }
                 }
-                if let (_, list, key) = verdict { try? fleet.saw(list, under: key) }
-                try? boxes.pin(id, key: info.staticKey, address: heard.address, viaFleet: true)
+                if let (list, key) = newer { try? FleetTrust.saw(list, under: key, dirs: dirs) }
+                guard let (_, _, fleetKey) = verdict else { await link.close(); throw PhoneFailure(.failure, "box \(id): no certificate verdict") }
+                try? boxes.pin(id, key: info.staticKey, address: heard.address, fleetKey: fleetKey)
                 try? boxes.remember(id, heard: heard)
                 return link
             } catch let f as PhoneFailure {
+                // A signed list newer than any seen is worth keeping even from a box refused.
+                if let (list, key) = newer { try? FleetTrust.saw(list, under: key, dirs: dirs) }
                 throw f
             } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
                 continue

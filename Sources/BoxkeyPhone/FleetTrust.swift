@@ -49,11 +49,14 @@ public struct FleetTrust: Sendable {
         return matching[0]
     }
 
-    /// Remembers a list seen at a box (only ever forward).
-    public mutating func saw(_ list: BoxRevocationList, under key: Ed25519.PublicKey) throws {
-        guard list.number > newestList(key) else { return }
-        file.newestLists[hex(key.bytes)] = list.number
-        try save()
+    /// Remembers a list seen at a box (only ever forward), in the file as it is now: another
+    /// process (the agent, `boxkey fleet forget`) may have changed it since this one read it.
+    /// Only a key still trusted there gets its number moved.
+    public static func saw(_ list: BoxRevocationList, under key: Ed25519.PublicKey, dirs: PhoneDirectories) throws {
+        var current = try load(dirs)
+        guard current.file.keys.contains(hex(key.bytes)), list.number > current.newestList(key) else { return }
+        current.file.newestLists[hex(key.bytes)] = list.number
+        try current.save()
     }
 
     func save() throws {

@@ -27,13 +27,13 @@ extension Phone {
                                progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
         let clock = MonotonicClock()
         var start = clock.now
-        // Escrow: each box gets only its own secret, derived from the vault's, so no box learns
-        // what opens another box's sealed copy.
+        let link = try await connect(to: id, radio: radio, progress: progress)
+        // Escrow: each box gets only its own secret, derived from the vault's with the key this
+        // connection's handshake proved, so no box learns what opens another box's sealed copy.
         var password = password
         if let master = CredentialPush.escrowSecret(in: password) {
-            password = CredentialPush.escrowField(EscrowSeal.boxSecret(master: master, boxKey: try pinnedKey(id)))
+            password = CredentialPush.escrowField(EscrowSeal.boxSecret(master: master, boxKey: link.boxKey))
         }
-        let link = try await connect(to: id, radio: radio, progress: progress)
         if offerFirst {
             let heard: PhoneConnection.Event
             do {

@@ -16,8 +16,10 @@ public struct PairedBoxes: Sendable {
         public var lastAdvertisement: String?
         public var heardAt: Date?
         /// Taken on a fleet certificate, not paired: its certificate and the fleet's revocation
-        /// list are checked again at every connection.
+        /// list are checked again at every connection, and it is never used as a paired box.
         public var viaFleet: Bool?
+        /// The fleet key (hex) that certified it: forgetting that key forgets the box.
+        public var fleetKey: String?
     }
     struct File: Codable {
         var boxes: [Box] = []
@@ -60,11 +62,11 @@ public struct PairedBoxes: Sendable {
         return (HeardBox(address: address, advertisement: advert, rssi: nil), at)
     }
 
-    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?, viaFleet: Bool = false) throws {
-        if viaFleet, let b = box(id), b.viaFleet == true, b.key == hex(key.bytes) { return }
+    public mutating func pin(_ id: BoxID, key: PublicKey, address: DeviceAddress?, fleetKey: Ed25519.PublicKey? = nil) throws {
+        if let fleetKey, let b = box(id), b.viaFleet == true, b.key == hex(key.bytes), b.fleetKey == hex(fleetKey.bytes) { return }
         file.boxes.removeAll { $0.id == id.description }
         file.boxes.append(Box(id: id.description, key: hex(key.bytes), fingerprint: key.fingerprint, address: address?.string, pairedAt: Date(),
-                              viaFleet: viaFleet ? true : nil))
+                              viaFleet: fleetKey == nil ? nil : true, fleetKey: fleetKey.map { hex($0.bytes) }))
         file.defaultBox = id.description
         try save()
     }
@@ -78,6 +80,16 @@ public struct PairedBoxes: Sendable {
         file.boxes[i].lastAdvertisement = advert
         file.boxes[i].heardAt = now
         try save()
+    }
+
+    /// Forgets every box taken on `fleetKey`'s certificates; returns their IDs.
+    public mutating func forgetBoxes(certifiedBy fleetKey: Ed25519.PublicKey) throws -> [String] {
+        let gone = file.boxes.filter { $0.viaFleet == true && ($0.fleetKey == nil || $0.fleetKey == hex(fleetKey.bytes)) }.map(\.id)
+        guard !gone.isEmpty else { return [] }
+        file.boxes.removeAll { gone.contains($0.id) }
+        if let d = file.defaultBox, gone.contains(d) { file.defaultBox = nil }
+        try save()
+        return gone
     }
 
     @discardableResult

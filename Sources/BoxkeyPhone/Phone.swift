@@ -52,11 +52,17 @@ public struct Phone: Sendable {
     }
 
     public func pinnedKey(_ id: BoxID) throws(PhoneFailure) -> PublicKey {
+        guard boxes.box(id)?.viaFleet != true else { throw noLongerTrusted(id) }
         guard let key = boxes.key(of: id) else {
             throw PhoneFailure(.notPaired, fleet.keys.isEmpty ? tr("box {box} is not paired: run boxkey pair {box}", ("box", id))
                                                              : "box \(id) is not paired, and it has not been taken on a fleet certificate yet: log in to it first")
         }
         return key
+    }
+
+    /// A box taken on a fleet certificate is never used as a paired box.
+    func noLongerTrusted(_ id: BoxID) -> PhoneFailure {
+        PhoneFailure(.notPaired, "box \(id) was taken on a fleet certificate, and this phone trusts no fleet key now: pair with it (boxkey pair \(id) --replace)")
     }
 
     public func keyChanged(_ id: BoxID) -> PhoneFailure {

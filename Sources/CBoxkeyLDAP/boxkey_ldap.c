@@ -160,6 +160,20 @@ int boxkey_ldap_change(boxkey_ldap *handle, const char *dn, int operation, const
     return 0;
 }
 
+int boxkey_ldap_swap(boxkey_ldap *handle, const char *dn, const char *attr, const char *old,
+                     const char *value, char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    char *old_values[] = { (char *)old, NULL }, *new_values[] = { (char *)value, NULL };
+    LDAPMod del = { .mod_op = LDAP_MOD_DELETE, .mod_type = (char *)attr };
+    LDAPMod add = { .mod_op = LDAP_MOD_ADD, .mod_type = (char *)attr };
+    del.mod_vals.modv_strvals = old_values;
+    add.mod_vals.modv_strvals = new_values;
+    LDAPMod *mods[] = { old ? &del : &add, old ? &add : NULL, NULL };
+    int rc = ldap_modify_ext_s(ld, dn, mods, NULL, NULL);
+    if (rc != LDAP_SUCCESS) return fail(rc, ld, "writing the value failed (changed by someone else meanwhile?)", err, err_len);
+    return 0;
+}
+
 void boxkey_ldap_close(boxkey_ldap *ld) {
     if (ld) ldap_unbind_ext_s((LDAP *)ld, NULL, NULL);
 }

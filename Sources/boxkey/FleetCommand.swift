@@ -49,7 +49,9 @@ extension Boxkey {
                     guard let gone = (try? phone.fleet.forget(fingerprint)) ?? nil else {
                         throw PhoneFailure(.failure, "no single trusted fleet key matches \(fingerprint)")
                     }
-                    Terminal.say("No longer trusting fleet key \(gone.fingerprint).")
+                    // The boxes it vouched for go with it: none is ever used as a paired box.
+                    let boxes = (try? phone.boxes.forgetBoxes(certifiedBy: gone)) ?? []
+                    Terminal.say("No longer trusting fleet key \(gone.fingerprint)\(boxes.isEmpty ? "" : "; forgot the boxes it certified: \(boxes.joined(separator: ", "))").")
                 }
             }
         }

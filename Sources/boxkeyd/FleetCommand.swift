@@ -109,14 +109,27 @@ struct Fleet: ParsableCommand {
 enum FleetKeyFile {
     static func read(_ path: String) throws -> Ed25519.KeyPair {
         var st = stat()
-        guard stat(path, &st) == 0 else { throw ValidationError("cannot read the fleet key \(path)") }
-        guard st.st_mode & 0o077 == 0 else { throw ValidationError("the fleet key \(path) is readable by others (chmod 600 it)") }
-        guard let bytes = try? PrivateFiles.read(path), var hexDigits = Optional(Array(bytes.prefix { $0 != 0x0a })),
-              var seed = unhex(String(decoding: hexDigits, as: UTF8.self)), seed.count == Ed25519.seedLength else {
+        guard lstat(path, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { throw ValidationError("cannot read the fleet key \(path) (a regular file)") }
+        guard st.st_uid == geteuid(), st.st_mode & 0o077 == 0 else { throw ValidationError("the fleet key \(path) must be yours and mode 600") }
+        guard var bytes = try? PrivateFiles.read(path) else { throw ValidationError("cannot read the fleet key \(path)") }
+        defer { secureZero(&bytes) }
+        var digits = Array(bytes.prefix { $0 != 0x0a })
+        defer { secureZero(&digits) }
+        guard digits.count == 2 * Ed25519.seedLength, var seed = unhex(String(decoding: digits, as: UTF8.self)) else {
             throw ValidationError("\(path) is not a fleet key (64 hex digits)")
         }
-        defer { secureZero(&seed); secureZero(&hexDigits) }
+        defer { secureZero(&seed) }
         return try! Ed25519.KeyPair(seed: SecureBytes(copying: seed))
+    }
+
+    /// Writes a new key file: created exclusively (never over an existing one), mode 600.
+    static func create(_ path: String, _ key: Ed25519.KeyPair) throws {
+        var text = Array(hex(key.seed.withUnsafeBytes { Array($0) }).utf8) + [0x0a]
+        defer { secureZero(&text) }
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw ValidationError("cannot create \(path): \(String(cString: strerror(errno))) (a fleet key is never overwritten)") }
+        defer { close(fd) }
+        guard write(fd, text, text.count) == text.count, fsync(fd) == 0 else { throw ValidationError("cannot write \(path): \(String(cString: strerror(errno)))") }
     }
 }
 
@@ -127,11 +140,8 @@ extension Fleet {
             discussion: "Keep the key file on an admin's machine, not on the boxes: whoever holds it can make a box every phone of the fleet trusts.")
         @Option(help: "Where to write the new key (mode 600; never overwritten).") var out: String
         func run() throws {
-            guard !FileManager.default.fileExists(atPath: out) else { throw ValidationError("\(out) exists; a fleet key is never overwritten") }
             let key = Ed25519.KeyPair.generate()
-            var text = Array(hex(key.seed.withUnsafeBytes { Array($0) }).utf8) + [0x0a]
-            defer { secureZero(&text) }
-            try Fleet.run { try PrivateFiles.write(text, to: out) }
+            try FleetKeyFile.create(out, key)
             print("fleet key \(key.publicKey.fingerprint) written to \(out)\npublic key (for `boxkey fleet trust` on phones): \(hex(key.publicKey.bytes))")
         }
     }
@@ -182,29 +192,50 @@ extension Fleet {
         static let configuration = CommandConfiguration(
             commandName: "revoke-box",
             abstract: "Revoke a box certificate: sign a new revocation list that names it, and write it to the directory ([fleet] revocations_dn).",
-            discussion: "Phones refuse the box once they have seen the new list (at any box of the fleet) or once the list the box serves has expired. Without a serial, signs the current list again with a new expiry: do that before --days run out.")
+            discussion: "Phones refuse the box once they have seen the new list (at any box of the fleet) or once the list the box serves has expired. Without a serial, signs the current list again with a new expiry: do that before --days run out. The list holds at most 32 serials: --remove takes out one whose certificate has expired since.")
         @OptionGroup var binding: Binding
         @Option(help: "The fleet key file.") var fleetKey: String
         @Argument(help: "The certificate's serial (hex; `boxkeyd status` on the box shows it).") var serial: String?
+        @Option(help: "Take this serial (hex) off the list: its certificate has expired.") var remove: String?
         @Option(help: "Days until the list must be signed again; phones refuse every certified box after that.") var days = 30
         func run() throws {
             guard (1...365).contains(days) else { throw ValidationError("--days must be 1 to 365") }
-            let add = try serial.map { s in
-                guard let n = UInt64(s, radix: 16) else { throw ValidationError("a serial is hex digits") }
-                return n
+            func parse(_ s: String?) throws -> UInt64? {
+                try s.map { s in
+                    guard let n = UInt64(s, radix: 16) else { throw ValidationError("a serial is hex digits") }
+                    return n
+                }
             }
+            let add = try parse(serial), drop = try parse(remove)
             let fleet = try FleetKeyFile.read(fleetKey)
             let directory = try binding.directory()
             let now = Int64(Date().timeIntervalSince1970)
             let list = try Fleet.run {
                 try directory.updateRevocations { current in
+                    // The next list is built only on one this fleet key signed: a value someone
+                    // else wrote (un-revoking a box, or a number at the end of the range) is refused.
+                    if let current {
+                        guard current.isSigned(by: fleet.publicKey) else {
+                            throw FleetDirectory.Failure(description: "the list in the directory is not signed by this fleet key: someone else wrote it, or this is another fleet's key; nothing was written")
+                        }
+                        guard current.number < UInt64(1) << 62 else {
+                            throw FleetDirectory.Failure(description: "the list in the directory has number \(current.number), beyond any this tool makes; nothing was written")
+                        }
+                    }
                     var serials = current?.serials ?? []
+                    if let drop { serials.removeAll { $0 == drop } }
                     if let add, !serials.contains(add) { serials.append(add) }
+                    guard serials.count <= BoxRevocationList.maxSerials else {
+                        throw FleetDirectory.Failure(description: "the list is full (\(BoxRevocationList.maxSerials) serials): take out one whose certificate has expired (--remove SERIAL), then revoke")
+                    }
                     return try BoxRevocationList.issue(number: (current?.number ?? 0) + 1, issued: now, nextUpdate: now + Int64(days) * 86_400,
                                                        serials: serials, by: fleet)
                 }
             }
             print("revocation list \(list.number): \(list.serials.count) certificate(s) revoked, valid until \(Date(timeIntervalSince1970: Double(list.nextUpdate)).ISO8601Format())")
+            if list.serials.count >= BoxRevocationList.maxSerials - 4 {
+                print("warning: the list holds \(list.serials.count) of at most \(BoxRevocationList.maxSerials) serials; take out those whose certificates have expired (--remove)")
+            }
         }
     }
 }

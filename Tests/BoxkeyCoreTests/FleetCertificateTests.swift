@@ -45,6 +45,16 @@ import Testing
         #expect(throws: FleetCheck.Refusal.revoked(serial: 7)) { try check(cert.encode() + list([9, 7]).encode()) }
     }
 
+    /// A phone keeps the newest list a trusted key signed, even from a box it refuses (here: a
+    /// certificate for another box); a list no trusted key signed is not kept.
+    @Test func aSignedListIsKeptEvenFromARefusedBox() {
+        let part = certificate().encode() + list(number: 9).encode()
+        #expect(throws: FleetCheck.Refusal.otherBox(id)) { try check(part, boxID: BoxID("4821")!) }
+        #expect(FleetCheck.revocationList(in: part, trusted: [fleet.publicKey])?.0.number == 9)
+        #expect(FleetCheck.revocationList(in: part, trusted: [Ed25519.KeyPair.generate().publicKey]) == nil)
+        #expect(FleetCheck.revocationList(in: certificate().encode(), trusted: [fleet.publicKey]) == nil)
+    }
+
     /// Any flipped bit in the certificate or the list is refused: the signature covers it all.
     @Test func aTamperedCertificateOrListIsRefused() {
         let part = certificate().encode() + list([5]).encode()

@@ -273,3 +273,31 @@ def test_a_phone_that_trusts_the_fleet_key_takes_a_certified_box_and_refuses_it_
     assert r.returncode != 0 and "was revoked by the fleet" in r.stderr and "No credentials were sent" in r.stderr, r.stdout + r.stderr
     assert code == 0 and "successfully authenticated" in out, out
     assert "login attempt" not in world.box_output().split("certificate is REVOKED")[1]
+
+    # The review's attacks on the phone's side. An agent that started before the fleet key was
+    # forgotten must not keep trusting it, nor fall back to the pinned path for the box; the
+    # box taken on the key's certificate goes with the key.
+    r = admin_fleet(world, directory, "revoke-box", "--remove", serial, "--fleet-key", fleet_key)
+    assert r.returncode == 0 and "revocation list 3: 0 certificate(s) revoked" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: "revocation list 3" in world.box_output(), timeout=REFRESH_S + 5, what="the box serving list 3")
+    assert world.phone("agent", "start").returncode == 0
+    try:
+        r, (code, _) = phone_login(world, "4821")
+        assert r.returncode == 0 and code == 0, r.stdout + r.stderr
+        fingerprint = re.search(r"([0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4})", world.phone("fleet").stdout).group(1)
+        r = world.phone("fleet", "forget", fingerprint)
+        assert r.returncode == 0 and "forgot the boxes it certified: 4821" in r.stdout, r.stdout + r.stderr
+        r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+        assert r.returncode != 0 and "is not paired" in r.stderr, r.stdout + r.stderr
+        assert code == 0 and "successfully authenticated" in out, out
+        assert world.phone("fleet").stdout.startswith("This phone trusts no fleet key")
+    finally:
+        world.phone("agent", "stop", timeout=20)
+
+    # revoke-box builds only on a list its own fleet key signed: a list another key signed (or
+    # anyone who can write the entry) cannot un-revoke a box through the admin's next signing.
+    other_key = os.path.join(world.work, "other.key")
+    assert offline("key", "--out", other_key).returncode == 0
+    assert offline("key", "--out", other_key).returncode != 0  # never overwritten
+    r = admin_fleet(world, directory, "revoke-box", "--fleet-key", other_key)
+    assert r.returncode != 0 and "not signed by this fleet key" in r.stderr, r.stdout + r.stderr

@@ -139,6 +139,14 @@ public enum FleetCheck {
         }
     }
 
+    /// The revocation list in a box's Info, if a trusted fleet key signed it (with that key),
+    /// whatever else is wrong with the box: a phone keeps the newest it has seen.
+    public static func revocationList(in fleetPart: [UInt8], trusted: [Ed25519.PublicKey]) -> (BoxRevocationList, Ed25519.PublicKey)? {
+        guard fleetPart.count > BoxCertificate.length, let list = try? BoxRevocationList.decode(fleetPart.dropFirst(BoxCertificate.length)),
+              let key = trusted.first(where: { list.isSigned(by: $0) }) else { return nil }
+        return (list, key)
+    }
+
     /// Verifies the fleet part of a box's Info; returns the certificate and the list (for the
     /// caller to remember the list's number under the fleet key that signed it).
     public static func verify(_ fleetPart: [UInt8], boxID: BoxID, boxKey: PublicKey, trusted: [Ed25519.PublicKey],

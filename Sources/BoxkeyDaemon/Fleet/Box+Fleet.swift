@@ -119,8 +119,8 @@ extension Box {
 extension Box {
     /// This box's fleet certificate and the fleet's revocation list, for Info; phones read it
     /// before taking a box they have not pinned. Checked against this box first: a certificate
-    /// for another key or ID, expired, or revoked is logged and not served (phones would refuse
-    /// it anyway, with a less useful message).
+    /// for another key or ID is not served; one expired or revoked, or a list missing or
+    /// expired, is served (phones refuse it, saying why) and logged as an error here.
     public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
         var problem: String?
         if let c = certificate {

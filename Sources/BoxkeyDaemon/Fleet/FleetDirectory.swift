@@ -16,6 +16,7 @@ public struct FleetDirectory: Sendable {
 
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
+        public init(description: String) { self.description = description }
     }
 
     public let settings: DaemonConfig.Fleet
@@ -147,22 +148,30 @@ public struct FleetDirectory: Sendable {
     }
 
     private func readRevocations(_ ld: OpaquePointer) throws -> BoxRevocationList? {
+        try readRevocationsValue(ld)?.list
+    }
+
+    private func readRevocationsValue(_ ld: OpaquePointer) throws -> (value: String, list: BoxRevocationList)? {
         var values: [String] = []
         _ = try search(ld, base: settings.revocationsDN, filter: "(objectClass=*)", names: "cn", values: Self.revocationsAttribute) { _, _, _, v in values += v; return false }
         guard let value = values.first else { return nil }
         guard let bytes = base64Decode(value), let list = try? BoxRevocationList.decode(bytes) else {
             throw Failure(description: "\(settings.revocationsDN): \(Self.revocationsAttribute) is not a revocation list")
         }
-        return list
+        return (value, list)
     }
 
-    /// Reads the current list, lets `change` make the next one, and writes it.
+    /// Reads the current list, lets `change` make the next one from it, and writes it in place
+    /// of exactly the value read (a concurrent change makes the write fail, not get lost).
     public func updateRevocations(_ change: (BoxRevocationList?) throws -> BoxRevocationList) throws -> BoxRevocationList {
         guard !settings.revocationsDN.isEmpty else { throw Failure(description: "[fleet] revocations_dn is not set") }
         return try withConnection { ld in
-            let next = try change(try readRevocations(ld))
-            try self.change(ld, dn: settings.revocationsDN, operation: Int32(BOXKEY_LDAP_REPLACE), attribute: Self.revocationsAttribute,
-                            value: base64Encode(next.encode()), objectClass: Self.fleetClass)
+            let current = try readRevocationsValue(ld)
+            let next = try change(current?.list)
+            var err = [CChar](repeating: 0, count: 512)
+            guard boxkey_ldap_swap(ld, settings.revocationsDN, Self.revocationsAttribute, current?.value, base64Encode(next.encode()), &err, err.count) == 0 else {
+                throw Failure(description: "\(settings.revocationsDN): \(String(cString: err))")
+            }
             return next
         }
     }

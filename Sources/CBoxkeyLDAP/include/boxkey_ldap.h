@@ -36,6 +36,12 @@ enum { BOXKEY_LDAP_DELETE = 0, BOXKEY_LDAP_ADD = 1, BOXKEY_LDAP_REPLACE = 2 };
 int boxkey_ldap_change(boxkey_ldap *ld, const char *dn, int operation, const char *attr,
                        const char *value, const char *object_class, char *err, size_t err_len);
 
+/* Replaces the value `old` of `attr` on `dn` with `value` in one modify (delete `old`, add
+   `value`): if another writer changed it meanwhile, the delete fails and nothing is written.
+   `old` NULL: the attribute must have no value yet. */
+int boxkey_ldap_swap(boxkey_ldap *ld, const char *dn, const char *attr, const char *old,
+                     const char *value, char *err, size_t err_len);
+
 void boxkey_ldap_close(boxkey_ldap *ld);
 
 #endif
