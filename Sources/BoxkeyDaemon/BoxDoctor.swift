@@ -102,6 +102,39 @@ public enum BoxDoctor {
             report.warn("PAM service \(verify)", "\(pamDirectory)/\(verify) is missing: PAM uses \"other\", and new phones cannot be confirmed",
                         do: "install it from the boxkeyd package (pam/examples/boxkey-verify)")
         }
+        if let fleet = config.fleet { report.append(fleetDirectory(fleet, stateDirectory: config.stateDirectory)) }
+        return report
+    }
+
+    /// `[fleet]`: the directory answers the boxes' account with TLS and the roster, and this
+    /// box's certificate (if any) is served with a current revocation list.
+    static func fleetDirectory(_ fleet: DaemonConfig.Fleet, stateDirectory: String) -> DoctorReport {
+        var report = DoctorReport()
+        let directory = FleetDirectory(settings: fleet)
+        do {
+            let (roster, requests, skipped) = try directory.readRoster()
+            report.ok("fleet directory", "\(fleet.uri): \(roster.phones.count) phone(s) in \(requests) request(s)\(skipped > 0 ? ", \(skipped) value(s) or entries left out (not phone keys, or ambiguous names)" : "")")
+        } catch {
+            report.fail("fleet directory", "\(error)", do: "check [fleet] uri, ca_file, bind_dn and the password file (docs/fleet.md); meanwhile the box uses its cache for max_stale_s")
+            return report
+        }
+        guard FileManager.default.fileExists(atPath: stateDirectory + "/" + FleetService.certificateFile) else { return report }
+        do {
+            let now = Int64(Date().timeIntervalSince1970)
+            guard let list = try directory.readRevocations() else {
+                report.fail("fleet certificate", "no revocation list at [fleet] revocations_dn: phones refuse this box", do: "boxkeyd fleet revoke-box --fleet-key … (on the admin's machine)")
+                return report
+            }
+            if now > list.nextUpdate {
+                report.fail("fleet certificate", "the fleet's revocation list expired: phones refuse every certified box", do: "sign it again: boxkeyd fleet revoke-box --fleet-key …")
+            } else if list.nextUpdate - now < 7 * 86_400 {
+                report.warn("fleet certificate", "the fleet's revocation list expires in \((list.nextUpdate - now) / 86_400) day(s)", do: "sign it again: boxkeyd fleet revoke-box --fleet-key …")
+            } else {
+                report.ok("fleet certificate", "installed; revocation list \(list.number) valid for \((list.nextUpdate - now) / 86_400) more day(s)")
+            }
+        } catch {
+            report.fail("fleet certificate", "cannot read the revocation list: \(error)", do: "check [fleet] revocations_dn (docs/fleet.md)")
+        }
         return report
     }
 

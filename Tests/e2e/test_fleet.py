@@ -252,6 +252,8 @@ def test_a_phone_that_trusts_the_fleet_key_takes_a_certified_box_and_refuses_it_
     wait_for(lambda: "fleet: serving certificate" in world.box_output(), timeout=REFRESH_S + 5,
              what=lambda: "the box serving its certificate:\n" + world.box_output()[-1500:])
     serial = re.search(r"serving certificate ([0-9a-f]+)", world.box_output()).group(1)
+    doctor = world.admin("doctor").stdout
+    assert re.search(r"ok\s+fleet directory", doctor) and re.search(r"ok\s+fleet certificate.*revocation list 1 valid for 29 more day", doctor), doctor
 
     # Not trusting the fleet key: the box is not paired, nothing is sent.
     assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0

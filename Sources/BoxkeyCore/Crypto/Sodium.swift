@@ -67,7 +67,7 @@ public func base64Encode(_ bytes: [UInt8]) -> String {
     let variant = Int32(sodium_base64_VARIANT_ORIGINAL)
     var out = [CChar](repeating: 0, count: sodium_base64_encoded_len(bytes.count, variant))
     _ = sodium_bin2base64(&out, out.count, bytes, bytes.count, variant)
-    return String(cString: out)
+    return String(decoding: out.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 /// Decodes standard base64 (whitespace around it ignored); nil if it is not base64.

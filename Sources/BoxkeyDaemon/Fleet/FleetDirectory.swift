@@ -43,7 +43,7 @@ public struct FleetDirectory: Sendable {
                                  &err, err.count)
             }
         }
-        guard rc == 0, let handle else { throw Failure(description: "\(settings.uri): \(String(cString: err))") }
+        guard rc == 0, let handle else { throw Failure(description: "\(settings.uri): \(Self.text(err))") }
         defer { boxkey_ldap_close(handle) }
         return try body(handle)
     }
@@ -133,7 +133,7 @@ public struct FleetDirectory: Sendable {
     private func change(_ ld: OpaquePointer, dn: String, operation: Int32, attribute: String, value: String, objectClass: String) throws {
         var err = [CChar](repeating: 0, count: 512)
         let rc = boxkey_ldap_change(ld, dn, operation, attribute, value, objectClass, &err, err.count)
-        guard rc == 0 else { throw Failure(description: "\(dn): \(String(cString: err))") }
+        guard rc == 0 else { throw Failure(description: "\(dn): \(Self.text(err))") }
     }
 
     // MARK: - The fleet's revocation list of box certificates
@@ -170,7 +170,7 @@ public struct FleetDirectory: Sendable {
             let next = try change(current?.list)
             var err = [CChar](repeating: 0, count: 512)
             guard boxkey_ldap_swap(ld, settings.revocationsDN, Self.revocationsAttribute, current?.value, base64Encode(next.encode()), &err, err.count) == 0 else {
-                throw Failure(description: "\(settings.revocationsDN): \(String(cString: err))")
+                throw Failure(description: "\(settings.revocationsDN): \(Self.text(err))")
             }
             return next
         }
@@ -198,9 +198,14 @@ public struct FleetDirectory: Sendable {
                     return sink.each(String(cString: dn!), nameStrings, number.map { String(cString: $0) }, strings) ? 1 : 0
                 }, Unmanaged.passUnretained(sink).toOpaque(), &requests, &err, err.count)
             }
-            guard rc == 0 else { throw Failure(description: "\(settings.uri): \(String(cString: err))") }
+            guard rc == 0 else { throw Failure(description: "\(settings.uri): \(Self.text(err))") }
             return Int(requests)
         }
+    }
+
+    /// A C error buffer's text.
+    static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// RFC 4515: a value inside a search filter.
