@@ -208,7 +208,8 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login", "fleet"])
-        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s", "revocations_dn"]) {
+        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s", "revocations_dn"]), !t.entries.isEmpty {
+            // An empty [fleet] (the shipped file's, every key commented out) is no fleet.
             guard let uri = try reader.string(t, "uri"), let base = try reader.string(t, "base") else {
                 throw reader.error(t.line, "[fleet] needs uri and base (docs/fleet.md)")
             }

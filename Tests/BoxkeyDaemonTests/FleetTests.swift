@@ -85,6 +85,8 @@ import Testing
         #expect(f.uri == "ldaps://ldap.example.org" && f.refresh == .seconds(30) && f.maxStale == .seconds(7200) && f.publish)
         #expect(f.userAttribute == "uid" && f.timeout == .seconds(5) && !f.startTLS)
         #expect(try DaemonConfig.parse("").fleet == nil)
+        // The shipped file has the section with every key commented out: no fleet, no error.
+        #expect(try DaemonConfig.parse("[fleet]\n# uri = \"ldaps://x\"\n").fleet == nil)
     }
 
     /// The service account's password never crosses the network in clear, and nonsense is
@@ -100,6 +102,14 @@ import Testing
     ])
     func badFleetSectionsAreRefused(_ text: String) {
         #expect(throws: DaemonConfig.Error.self) { try DaemonConfig.parse(text) }
+    }
+
+    /// The file the packages install (every key commented out) is every default; a section
+    /// header left in it must not stop the daemon (it did, for [fleet], in package-test).
+    @Test func theShippedConfigurationIsEveryDefault() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let text = try String(contentsOfFile: root.path + "/systemd/boxkeyd.conf", encoding: .utf8)
+        #expect(try DaemonConfig.parse(text) == DaemonConfig())
     }
 
     @Test func theFleetSectionNeedsARestart() throws {
