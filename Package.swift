@@ -60,8 +60,9 @@ let package = Package(
         .target(name: "BoxkeyDBus", dependencies: ["CDBus", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
 
         // libldap (OpenLDAP's client), for the fleet directory: connect with TLS, bind, paged
-        // search, change one value. Its synchronous API, wrapped in C (LDAPMod's unions).
-        .target(name: "CBoxkeyLDAP", linkerSettings: [.linkedLibrary("ldap"), .linkedLibrary("lber")]),
+        // search, change one value. Its synchronous API, wrapped in C (LDAPMod's unions), and
+        // loaded with dlopen only when a box has [fleet] (it brings GnuTLS: ~3 MiB of RSS).
+        .target(name: "CBoxkeyLDAP", linkerSettings: [.linkedLibrary("dl")]),
 
         // libbluetooth, for what BlueZ's D-Bus API lacks (connected-link RSSI).
         .target(name: "CBoxkeyHCI", linkerSettings: [.linkedLibrary("bluetooth")]),
