@@ -103,9 +103,8 @@ public struct PhoneRegistry: Sendable {
 
     /// Revokes the phone whose fingerprint (or a unique prefix of it, case-insensitive) matches.
     public mutating func revoke(fingerprint: String, at date: Date = Date()) throws -> Phone {
-        let wanted = fingerprint.uppercased()
-        let matches = phones.indices.filter { phones[$0].fingerprint.hasPrefix(wanted) || phones[$0].fingerprint.filter { $0 != "-" }.hasPrefix(wanted) }
-        guard !wanted.isEmpty, matches.count == 1 else {
+        let matches = phones.indices.filter { Fingerprint.matches(phones[$0].fingerprint, prefix: fingerprint) }
+        guard matches.count == 1 else {
             throw BoxIdentity.Error(description: matches.isEmpty ? "no phone with fingerprint \(fingerprint)" : "\(fingerprint) matches \(matches.count) phones; give more of the fingerprint")
         }
         phones[matches[0]].revokedAt = phones[matches[0]].revokedAt ?? date

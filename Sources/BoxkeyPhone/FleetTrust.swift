@@ -40,8 +40,7 @@ public struct FleetTrust: Sendable {
 
     /// Forgets the key whose fingerprint starts with `prefix`; returns it.
     public mutating func forget(_ prefix: String) throws -> Ed25519.PublicKey? {
-        let wanted = prefix.uppercased().filter { $0 != "-" }
-        let matching = keys.filter { !wanted.isEmpty && $0.fingerprint.filter { $0 != "-" }.hasPrefix(wanted) }
+        let matching = keys.filter { Fingerprint.matches($0.fingerprint, prefix: prefix) }
         guard matching.count == 1 else { return nil }
         file.keys.removeAll { $0 == hex(matching[0].bytes) }
         file.newestLists[hex(matching[0].bytes)] = nil

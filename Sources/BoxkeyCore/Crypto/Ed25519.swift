@@ -14,11 +14,8 @@ public enum Ed25519 {
             guard bytes.count == Ed25519.publicKeyLength else { throw .invalidLength(expected: Ed25519.publicKeyLength, actual: bytes.count) }
             self.bytes = Array(bytes)
         }
-        /// Four groups of four hex digits, as box and phone keys are shown.
-        public var fingerprint: String {
-            let digest = Blake2b.hash(bytes, outputLength: 32)
-            return stride(from: 0, to: 8, by: 2).map { hex(Array(digest[$0..<$0 + 2])).uppercased() }.joined(separator: "-")
-        }
+        /// As box and phone keys are shown.
+        public var fingerprint: String { Fingerprint.of(bytes) }
         public var description: String { "FleetKey(\(fingerprint))" }
 
         public func verify(_ signature: some Collection<UInt8>, of message: [UInt8]) -> Bool {

@@ -1,5 +1,23 @@
 import CSodium
 
+/// How people check and name keys (box, phone and fleet keys alike).
+public enum Fingerprint {
+    /// BLAKE2b-256 of the key, first 8 bytes, as four groups of four hex digits
+    /// ("7F3A-91C2-0B4D-E815"). 64 bits: a second key with the same fingerprint costs an
+    /// attacker ~2^64 work, far beyond a pairing window.
+    public static func of(_ key: [UInt8]) -> String {
+        let digest = Blake2b.hash(key, outputLength: 32)
+        return stride(from: 0, to: 8, by: 2).map { hex(Array(digest[$0..<$0 + 2])).uppercased() }.joined(separator: "-")
+    }
+
+    /// Whether `fingerprint` starts with what a person typed: a non-empty prefix, in either
+    /// case, with or without the dashes.
+    public static func matches(_ fingerprint: String, prefix typed: String) -> Bool {
+        let wanted = typed.uppercased().filter { $0 != "-" }
+        return !wanted.isEmpty && fingerprint.filter { $0 != "-" }.hasPrefix(wanted)
+    }
+}
+
 /// A Curve25519 public key (32 bytes). Not secret; hashable so it can key trust stores.
 public struct PublicKey: Hashable, Sendable, CustomStringConvertible {
     public static let length = 32
@@ -16,17 +34,7 @@ public struct PublicKey: Hashable, Sendable, CustomStringConvertible {
         try self.init(Array(bytes))
     }
 
-    /// The human-checkable fingerprint: BLAKE2b-256 of the key, first 8 bytes, as four groups of
-    /// four hex digits ("7F3A-91C2-0B4D-E815"). 64 bits: a second key with the same fingerprint
-    /// costs an attacker ~2^64 work, far beyond a pairing window.
-    public var fingerprint: String {
-        let digest = Blake2b.hash(bytes, outputLength: 32)
-        var groups: [String] = []
-        for i in stride(from: 0, to: 8, by: 2) {
-            groups.append(hex(Array(digest[i..<i + 2])).uppercased())
-        }
-        return groups.joined(separator: "-")
-    }
+    public var fingerprint: String { Fingerprint.of(bytes) }
 
     /// One byte of the same digest, carried in the advertisement as a hint so a phone can skip a
     /// box with the right ID but the wrong key without connecting. Not a security check.

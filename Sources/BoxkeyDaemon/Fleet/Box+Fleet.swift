@@ -31,10 +31,9 @@ extension Box {
 
     /// The one fleet phone whose fingerprint starts with `fingerprint` (for a local revocation).
     func fleetPhone(fingerprint: String) -> (key: PublicKey, name: String)? {
-        let wanted = fingerprint.uppercased().filter { $0 != "-" }
-        guard !wanted.isEmpty, let roster = fleetRoster else { return nil }
+        guard let roster = fleetRoster else { return nil }
         let matches = roster.phones.compactMap { k, p -> (PublicKey, String)? in
-            guard let bytes = unhex(k), let key = try? PublicKey(bytes), key.fingerprint.filter({ $0 != "-" }).hasPrefix(wanted) else { return nil }
+            guard let bytes = unhex(k), let key = try? PublicKey(bytes), Fingerprint.matches(key.fingerprint, prefix: fingerprint) else { return nil }
             return (key, p.name)
         }
         return matches.count == 1 ? matches[0] : nil

@@ -112,10 +112,9 @@ public struct FleetDirectory: Sendable {
     public func remove(phone prefix: String, user: String) throws -> [String] {
         try withConnection { ld in
             guard let (dn, values) = try entry(ld, user) else { throw Failure(description: "no entry for user \(user) under \(settings.base)") }
-            let wanted = prefix.uppercased().filter { $0 != "-" }
             let matching = values.filter { v in
                 guard let (key, _) = FleetRoster.parse(v) else { return false }
-                return !wanted.isEmpty && (key.fingerprint.filter { $0 != "-" }.hasPrefix(wanted) || hex(key.bytes).uppercased().hasPrefix(wanted))
+                return Fingerprint.matches(key.fingerprint, prefix: prefix) || Fingerprint.matches(hex(key.bytes).uppercased(), prefix: prefix)
             }
             guard matching.count == 1 else {
                 throw Failure(description: matching.isEmpty ? "\(user) has no phone \(prefix) in the directory" : "\(prefix) matches \(matching.count) of \(user)'s phones; give more of the fingerprint")
