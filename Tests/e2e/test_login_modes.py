@@ -269,6 +269,23 @@ def proximity_agent(world):
         world.phone("agent", "stop", timeout=20)
 
 
+def offer_shown(world):
+    """A prompt that waits with its input open, once the near phone's offer is on it."""
+    greeter = world.greeter(stdin=None)
+    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    return greeter
+
+
+def offer_on_screen(world, proximity_agent):
+    """A box with proximity on, alice's phone paired and its agent 1 m away: a prompt showing
+    the phone's offer."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    proximity_agent("--sim-position", "1")
+    return offer_shown(world)
+
+
 def agent_log(world):
     path = os.path.join(world.env["XDG_STATE_HOME"], "boxkey", "agent.log")
     return open(path).read() if os.path.exists(path) else ""
@@ -346,8 +363,7 @@ def test_another_phone_cannot_take_a_prompt_showing_an_offer(world, proximity_ag
     assert r.returncode == 0, r.stdout + r.stderr
     assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n", who="spare").returncode == 0
     proximity_agent("--sim-position", "1")
-    greeter = world.greeter(stdin=None)
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    greeter = offer_shown(world)
     r = world.phone("login", "--no-stay", who="spare")
     assert r.returncode != 0 and "showing another phone's offer" in r.stderr, r.stdout + r.stderr
     greeter.type("\n")
@@ -360,12 +376,7 @@ def test_another_phone_cannot_take_a_prompt_showing_an_offer(world, proximity_ag
 
 
 def test_enter_after_the_offering_phone_left_brings_the_password_prompt_at_once(world, proximity_agent):
-    world.settings["login"] = {"proximity": True}
-    world.start_box()
-    world.pair_and_store()
-    proximity_agent("--sim-position", "1")
-    greeter = world.greeter(stdin=None)
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    greeter = offer_on_screen(world, proximity_agent)
     assert world.phone("agent", "stop", timeout=20).returncode == 0
     wait_for(lambda: "left while its proximity offer was on the screen" in world.box_output(), timeout=10, what="the box to see the phone go")
     start = time.monotonic()
@@ -431,12 +442,7 @@ def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
 def test_turning_proximity_off_withdraws_an_offer_on_the_screen(world, proximity_agent):
     """An admin turns proximity off (SIGHUP) while an offer is up: Enter there no longer logs the
     phone in; it brings the password prompt."""
-    world.settings["login"] = {"proximity": True}
-    world.start_box()
-    world.pair_and_store()
-    proximity_agent("--sim-position", "1")
-    greeter = world.greeter(stdin=None)
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    greeter = offer_on_screen(world, proximity_agent)
     world.settings["login"] = {"proximity": False}
     world.config()
     os.kill(world.box_process.pid, signal.SIGHUP)
