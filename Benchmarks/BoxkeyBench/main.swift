@@ -154,7 +154,7 @@ final class BoxUnderTest: @unchecked Sendable {
                                                     peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
         guard let heard = try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)) else { throw BenchError("box not heard") }
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-        async let reply = box.awaitPush(prompt)
+        async let reply = pressEnter(box, prompt)
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "bench")))
         guard case .push(_, _, let ticket) = await reply else { throw BenchError("the push did not arrive") }
         lastTicket = ticket
@@ -467,7 +467,7 @@ func loginWallTime(boxkey: String) async throws {
         guard let prompt = await bench.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 20_000),
                                                           peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
         let box = bench.box
-        async let answered: Void = { if case .push = await box.awaitPush(prompt) { await box.report(prompt, .accepted, reason: "") } }()
+        async let answered: Void = { if case .push = await pressEnter(box, prompt) { await box.report(prompt, .accepted, reason: "") } }()
         // The process is waited for on a thread of its own: blocking one of the cooperative
         // pool's two threads would starve the box this bench runs in-process.
         let r = try await withCheckedThrowingContinuation { c in

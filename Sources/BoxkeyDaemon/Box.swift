@@ -15,8 +15,8 @@ enum RadioAction: Sendable {
     case setInfo([UInt8])
 }
 
-/// What a waiting prompt receives: the push (password still in secure memory, for the PAM
-/// bridge to write straight into the socket buffer), or why none came.
+/// What Enter at an open prompt receives: the push (password still in secure memory, for the
+/// PAM bridge to write straight into the socket buffer), or why none came.
 public enum PromptAnswer: Sendable {
     case push(user: String, password: SecureBytes, ticket: String)
     /// Key mode: no password; the module's `key` line decides.
@@ -24,15 +24,12 @@ public enum PromptAnswer: Sendable {
     /// Escrow mode, no sealed copy yet: the module asks the person for the password, and sends
     /// it once the stack accepted it.
     case escrowCapture(user: String, ticket: String)
-    /// Proximity: `user`'s phone is near; the module asks the person to press Enter, then waits
-    /// for the push (the bridge waits again).
-    case offer(user: String)
     case noPush(PAMReply.NoPushReason)
 
     /// The pushed user, if a push came.
     public var pushedUser: String? {
         switch self {
-        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _), .offer(let user): user
+        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
         case .noPush: nil
         }
     }
@@ -190,14 +187,14 @@ public actor Box {
                 withdrawOffer(of: prompt.id, "proximity login was turned off at box \(identity.boxID)")
             }
         }
-        // A prompt waiting in a service no longer listed stops waiting now (its password prompt
-        // follows); one that waits longer than the new bound is cut to it.
+        // A prompt open in a service no longer listed takes no push any more (Enter there brings
+        // the password prompt back); a held push whose wait is longer than the new one is cut to it.
         let now = clock.now
-        for prompt in prompts.prompts.values where prompt.waiting {
+        for prompt in prompts.prompts.values where !prompt.delivered {
             if !next.phoneLoginServices.contains(prompt.request.service) {
-                resolve(prompt.id, .noPush(.superseded))
-            } else if prompt.deadline > now + next.maxPromptWait {
-                prompts[prompt.id]?.deadline = now + next.maxPromptWait
+                closePrompt(prompt.id, .superseded, now: now)
+            } else if prompt.held != nil, let deadline = prompt.deadline, deadline > now + next.enterWait {
+                prompts[prompt.id]?.deadline = now + next.enterWait
             }
         }
         wakeTimers()
@@ -435,8 +432,13 @@ public actor Box {
             audit.audit(.notice, .pairingFailed, "pairing failed: \(id.address) phone \(link.connection.phoneKey?.fingerprint ?? "?") left without proving the code", phone: link.connection.phoneKey?.fingerprint)
         }
         // A PAM stack verifying this link's push still gets its answer; the phone will not.
-        if let promptID = link.prompt, prompts[promptID]?.verifying != nil {
+        if let promptID = link.prompt, prompts[promptID]?.delivered == true {
             logger.info("\(id.address) left while its push was being verified")
+        }
+        // A push waiting for Enter goes with its phone: Enter there must not log in someone
+        // whose phone has left.
+        if let promptID = link.prompt, prompts[promptID]?.held != nil, prompts[promptID]?.verifying?.link == id {
+            dropHeld(promptID, .notAtPrompt, "the phone left before Enter was pressed at the box", now: now)
         }
         // An offer from a phone that left no longer holds its prompt: Enter there now brings
         // the password prompt at once (`intent`).
@@ -593,7 +595,6 @@ public actor Box {
             let pendingPassword = enrolledFor.contains(user) ? nil : push.password
             prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, escrow: escrowUse, user: user,
                                                  name: push.deviceName, ticket: ticket)
-            prompts[promptID]!.deadline = now + config.outcomeTimeout
             links[id]?.prompt = promptID
             let attempt = switch (kind, escrowUse) {
             case (.password, _): "login"
@@ -606,9 +607,49 @@ public actor Box {
             case (.escrow, .capture?): .escrowCapture(user: user, ticket: ticket)
             default: .push(user: user, password: password, ticket: ticket)
             }
-            waiters.removeValue(forKey: promptID)?.resume(returning: answer)
+            if prompts[promptID]!.entered, waiters[promptID] != nil {
+                // Enter was pressed for this phone (an offer's intent, or a phone on its way).
+                deliver(answer, to: promptID, now: now)
+            } else {
+                // The module is inside the program's password prompt: the push waits for Enter
+                // there, and the phone hears where.
+                prompts[promptID]!.held = answer
+                prompts[promptID]!.deadline = now + config.enterWait
+                let place = prompts[promptID]!.description
+                logger.info("push held at \(logSafe(place)) (pid \(prompts[promptID]!.pid)): waiting \(config.enterWait.components.seconds) s for Enter there")
+                guard var connection = links[id]?.connection else { return }
+                let output = connection.holdLogin(EnterWait(seconds: UInt16(clamping: config.enterWait.components.seconds), place: place))
+                links[id]?.connection = connection
+                perform(output, for: id, now: now)
+            }
             readvertise()
         }
+    }
+
+    /// Hands a push to the module at `promptID` (Enter was pressed): the stack verifies it now.
+    private func deliver(_ answer: PromptAnswer, to promptID: UInt64, now: Duration) {
+        prompts[promptID]?.held = nil
+        prompts[promptID]?.delivered = true
+        prompts[promptID]?.entered = false
+        prompts[promptID]?.deadline = now + config.outcomeTimeout
+        waiters.removeValue(forKey: promptID)?.resume(returning: answer)
+    }
+
+    /// A held push that will not be delivered (no Enter in time, the prompt went on without the
+    /// phone, the phone left): the phone hears why, its ticket is spent, and the prompt is open
+    /// again. Not a rejection: nothing was verified.
+    private func dropHeld(_ promptID: UInt64, _ outcome: LoginResult.Outcome, _ why: String, now: Duration) {
+        guard let prompt = prompts[promptID], prompt.held != nil, let v = prompt.verifying else { return }
+        prompts[promptID]!.held = nil
+        prompts[promptID]!.verifying = nil
+        prompts[promptID]!.deadline = nil
+        prompts[promptID]!.waiting = true
+        _ = registered.redeem(v.ticket, user: v.user, now: now)
+        if links[v.link]?.prompt == promptID { links[v.link]?.prompt = nil }
+        audit.audit(.notice, .loginRejected, "push not used: phone \(v.phone.fingerprint) user \(logSafe(v.user)) at \(logSafe(prompt.description)): \(why)",
+                    phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+        finishLogin(on: v.link, LoginResult(outcome, reason: String(why.prefix(LoginResult.maxReasonLength))), now: now)
+        readvertise()
     }
 
     // MARK: - Proximity
@@ -628,7 +669,7 @@ public actor Box {
             return refuse(.wrongUser, "a proximity offer needs a phone enrolled for that user", "this phone is not enrolled for \(user) at box \(identity.boxID)")
         }
         guard !rejectedByUser.isLimited(user, now: now) else { return refuse(.rejected, "too many rejected pushes for this user", "too many rejected pushes for \(user); try later") }
-        guard case .prompt(let promptID) = prompts.choose(for: user), waiters[promptID] != nil else {
+        guard case .prompt(let promptID) = prompts.choose(for: user) else {
             return refuse(.notAtPrompt, "no single prompt waits for this user", "box \(identity.boxID) is not at a login prompt for \(user)")
         }
         guard prompts[promptID]!.offer == nil else {
@@ -638,31 +679,33 @@ public actor Box {
             return refuse(.rejected, "\(Box.offersPerPhone) offers in 5 minutes", "too many proximity offers from this phone; try later or use boxkey login")
         }
         offersByPhone.record(phone, now: now)
+        // The prompt stays open: another phone's push or offer there is refused by name.
         prompts[promptID]!.offer = .init(link: id, phone: phone, user: user)
-        prompts[promptID]!.waiting = false
         // The person's time to see it and press Enter.
         prompts[promptID]!.deadline = now + config.maxPromptWait
         links[id]?.prompt = promptID
-        audit.audit(.info, .loginAttempt, "proximity offer: \(who) at \(logSafe(prompts[promptID]!.description)); waiting for Enter there", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
-        waiters.removeValue(forKey: promptID)?.resume(returning: .offer(user: user))
+        audit.audit(.info, .loginAttempt, "proximity offer: \(who) at \(logSafe(prompts[promptID]!.description)) (pid \(prompts[promptID]!.pid)); waiting for Enter there", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
+        readvertise()
         wakeTimers()
     }
 
-    /// The person pressed Enter at a prompt showing an offer: the phone pushes now.
-    public func intent(_ promptID: UInt64) {
+    /// The person pressed Enter at a prompt holding an offer: the phone pushes now, and the
+    /// prompt takes that push at once. False when the offering phone is gone.
+    private func giveIntent(_ promptID: UInt64, now: Duration) -> Bool {
         guard var offer = prompts[promptID]?.offer, !offer.intent, var link = links[offer.link] else {
-            // The phone left (or the offer went) before Enter: the person gets the password prompt now.
-            if prompts[promptID]?.verifying == nil { resolve(promptID, .noPush(.timedOut)) }
-            return
+            prompts[promptID]?.offer = nil
+            prompts[promptID]?.waiting = prompts[promptID]?.verifying == nil
+            return false
         }
-        let now = clock.now
         offer.intent = true
         prompts[promptID]!.offer = offer
-        prompts[promptID]!.deadline = now + config.commandTimeout + config.outcomeTimeout
+        prompts[promptID]!.waiting = true
+        prompts[promptID]!.deadline = now + config.commandTimeout
         audit.audit(.info, .loginAttempt, "proximity intent: Enter pressed at \(logSafe(prompts[promptID]!.description)) for phone \(offer.phone.fingerprint) user \(logSafe(offer.user))", phone: offer.phone.fingerprint, user: offer.user)
         let output = link.connection.giveIntent(now: now)
         links[offer.link] = link
         perform(output, for: offer.link, now: now)
+        return true
     }
 
     /// A prompt with an offer went away (timed out, cancelled, another took its place): the
@@ -670,7 +713,10 @@ public actor Box {
     private func withdrawOffer(of promptID: UInt64, _ why: String) {
         guard let offer = prompts[promptID]?.offer, prompts[promptID]?.verifying == nil else { return }
         prompts[promptID]!.offer = nil
+        prompts[promptID]!.waiting = true
+        prompts[promptID]!.deadline = nil
         finishLogin(on: offer.link, LoginResult(.notAtPrompt, reason: why), now: clock.now)
+        readvertise()
     }
 
     /// No prompt waits, but a screen locker running as the user may: if logind says the user
@@ -768,8 +814,17 @@ public actor Box {
             audit.audit(.info, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
             return (nil, .notOffered("phone login is not enabled for \(request.service)"))
         }
-        let owner: LoginSession?
-        do { owner = try await sessions.session(ofPID: peer.pid) } catch {
+        var owner: LoginSession?
+        do {
+            owner = try await sessions.session(ofPID: peer.pid)
+            if owner == nil, Locality.refusal(request, owner: nil) != nil {
+                // A display manager's worker that names no terminal while it authenticates
+                // (greetd): local if its parent, the display manager, runs a greeter in a local
+                // greeter session of logind's. The kernel says who the parent is, logind whose
+                // session its children are; nothing here is what the caller says.
+                owner = try await greeterBeside(peer.pid)
+            }
+        } catch {
             audit.audit(.warning, .notOffered, "not offering phone login to \(what): logind did not answer (\(error))", service: request.service)
             return (nil, .notOffered("logind did not answer"))
         }
@@ -778,54 +833,119 @@ public actor Box {
             return (nil, .notOffered(why))
         }
         let now = clock.now
-        let wait = min(Duration.milliseconds(Int(request.timeoutMilliseconds)), config.maxPromptWait)
-        let (id, superseded) = prompts.add(request, owner: owner, deadline: now + wait)
-        for other in superseded { resolve(other, .noPush(.superseded)) }
+        let (id, superseded) = prompts.add(request, owner: owner, pid: peer.pid)
+        for other in superseded { closePrompt(other, .superseded, now: now) }
         let code = enrolment.codeForPrompt(user: request.expectedUser.isEmpty ? nil : request.expectedUser, now: now)
-        logger.info("login prompt waiting: \(logSafe(prompts[id]!.description))\(request.expectedUser.isEmpty ? "" : " for \(logSafe(request.expectedUser))")")
+        logger.info("login prompt waiting: \(logSafe(prompts[id]!.description))\(request.expectedUser.isEmpty ? "" : " for \(logSafe(request.expectedUser))") (pid \(peer.pid))")
+        readvertise()
         wakeTimers()
         let seconds = code.map { UInt32(max(0, ($0.expires - now).components.seconds)) } ?? 0
         return (id, .prompt(boxID: identity.boxID.description, fingerprint: identity.fingerprint, pairingCode: code?.code.text ?? "", codeSeconds: seconds))
     }
 
-    /// Waits for a push to prompt `id`, its timeout, or its cancellation.
-    public func awaitPush(_ id: UInt64) async -> PromptAnswer {
-        // Shutting down (or the connection's task ending) releases the prompt at once.
-        await withTaskCancellationHandler {
+    /// The local greeter session of one of `pid`'s siblings (its parent's other children).
+    private func greeterBeside(_ pid: Int32) async throws -> LoginSession? {
+        guard let parent = ProcessTree.parent(of: pid), parent > 1 else { return nil }
+        for sibling in ProcessTree.children(of: parent) where sibling != pid {
+            if let s = try await sessions.session(ofPID: sibling), s.sessionClass == "greeter", s.isLocal { return s }
+        }
+        return nil
+    }
+
+    /// Enter at prompt `id` with nothing typed: the push held there, at once; a push on its way
+    /// (an offer, which is asked now; a phone connected and not yet pushing), within `wait`;
+    /// else `.noPush(.nothingYet)` at once, and the prompt stays open.
+    public func take(_ id: UInt64, wait: Duration) async -> PromptAnswer {
+        let now = clock.now
+        guard let prompt = prompts[id] else { return .noPush(.superseded) }
+        if let held = prompt.held {
+            deliver(held, to: id, now: now)
+            readvertise()
+            return held
+        }
+        guard waiters[id] == nil, prompt.verifying == nil else { return .noPush(.timedOut) }
+        if prompt.offer != nil, giveIntent(id, now: now) {
+            logger.info("Enter at \(logSafe(prompt.description)): the offering phone pushes now")
+        } else if phoneOnItsWay(to: prompt, now: now) {
+            prompts[id]!.deadline = now + min(wait, config.maxPromptWait, config.commandTimeout)
+            logger.info("Enter at \(logSafe(prompt.description)): a phone is connected; waiting for its push")
+        } else {
+            return .noPush(.nothingYet)
+        }
+        prompts[id]!.entered = true
+        wakeTimers()
+        // Shutting down (or the connection's task ending) releases the wait at once.
+        return await withTaskCancellationHandler {
             await withCheckedContinuation { (c: CheckedContinuation<PromptAnswer, Never>) in
-                guard prompts[id] != nil, prompts[id]?.verifying == nil, !Task.isCancelled else {
+                guard prompts[id]?.entered == true, !Task.isCancelled else {
                     c.resume(returning: .noPush(.shuttingDown))
                     return
                 }
-                prompts[id]?.waiting = true
                 waiters[id] = c
-                readvertise()
             }
         } onCancel: {
-            Task { await self.resolve(id, .noPush(.shuttingDown)) }
+            Task { await self.endWait(id, .shuttingDown) }
         }
     }
 
-    public func hasPush(_ id: UInt64) -> Bool { prompts[id]?.verifying != nil }
+    /// A phone that may push to `prompt` is connected and has not pushed yet: a handshake under
+    /// way (a few seconds old at most), or an enrolled phone's channel waiting for its command.
+    private func phoneOnItsWay(to prompt: PromptTable.Prompt, now: Duration) -> Bool {
+        links.values.contains { link in
+            guard !link.dropped else { return false }
+            switch link.connection.state {
+            case .awaitingHandshake: return now - link.connectedAt < .seconds(3)
+            case .awaitingCommand:
+                guard let phone = link.connection.phoneKey else { return false }
+                let users = enrolledUsers(of: phone)
+                let pending = enrolment.pendingEnrolment(of: phone, now: now) != nil
+                return pending || (prompt.request.expectedUser.isEmpty ? !users.isEmpty : users.contains(prompt.request.expectedUser))
+            default: return false
+            }
+        }
+    }
 
-    private func resolve(_ id: UInt64, _ answer: PromptAnswer) {
-        if case .noPush = answer { withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed") }
+    /// The module has a delivered push: its next requests are about that push.
+    public func hasPush(_ id: UInt64) -> Bool { prompts[id]?.delivered == true }
+
+    /// Ends an Enter's wait for a phone that did not push; the prompt stays open.
+    private func endWait(_ id: UInt64, _ reason: PAMReply.NoPushReason) {
         guard let waiter = waiters.removeValue(forKey: id) else { return }
-        if prompts[id]?.verifying == nil { prompts.remove(id) } else { prompts[id]?.waiting = false }
-        waiter.resume(returning: answer)
+        if prompts[id]?.entered == true {
+            prompts[id]!.entered = false
+            if prompts[id]!.verifying == nil { prompts[id]!.deadline = nil }
+            if let offer = prompts[id]!.offer, offer.intent, prompts[id]!.verifying == nil { prompts[id]!.offer = nil }
+        }
+        waiter.resume(returning: .noPush(reason))
+    }
+
+    /// A prompt ends before its push was delivered (another took its place, shutdown): what
+    /// waited on it hears so.
+    private func closePrompt(_ id: UInt64, _ reason: PAMReply.NoPushReason, now: Duration) {
+        guard let prompt = prompts[id], !prompt.delivered else { return }
+        withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed")
+        dropHeld(id, .notAtPrompt, "the box's login prompt went away before Enter was pressed there", now: now)
+        endWait(id, reason)
+        prompts.remove(id)
         readvertise()
     }
 
-    /// The module gave up, or its connection closed.
+    /// The module is done with the prompt without a delivered push (the person typed a
+    /// password, cancelled, or its process ended), or its connection closed.
     public func promptClosed(_ id: UInt64) async {
         guard let prompt = prompts[id] else { return }
-        withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed")
-        if waiters[id] != nil { resolve(id, .noPush(.timedOut)); return }
-        if prompt.verifying != nil {
+        if prompt.delivered, prompt.verifying != nil {
             // The stack ended without a report (the application died): tell the phone no.
             await report(id, .rejected, reason: "the login was abandoned")
+            prompts.remove(id)
+            return
         }
+        let now = clock.now
+        withdrawOffer(of: id, "the box's login prompt went on without the phone before Enter was pressed")
+        dropHeld(id, .notAtPrompt, "the box's login prompt went on without the phone (a password was typed there, or it closed) before Enter was pressed", now: now)
+        endWait(id, .timedOut)
         prompts.remove(id)
+        readvertise()
     }
 
     /// The PAM stack's verdict on a push. Credit — "accepted", enrolment, a presence link —
@@ -986,7 +1106,7 @@ public actor Box {
             switch action {
             case .lock:
                 // Lock is harmless: when unsure which session, lock all of the users' local ones.
-                outcome = await lock(targets, orAllOf: users, phone: phone, reason: "phone asked")
+                outcome = await lock(targets, orAllOf: users, phone: phone, reason: "phone asked", walkAway: false)
                 if outcome == .done { lockedUsers.formUnion(users) }
                 endPresence(of: phone)
             case .logout:
@@ -1053,8 +1173,11 @@ public actor Box {
     }
 
     /// Locks `targets`; with none on record, every local session of `users` that logind
-    /// lists — walk-away fails closed.
-    private func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String) async -> ActionResult.Outcome {
+    /// lists — walk-away fails closed. A session that does not then say it is locked
+    /// (LockedHint) within `lock_confirm_s` has nothing on it that follows logind's Lock: after a
+    /// walk-away it is ended (`[presence] not_locked = logout`, the default) or kept and logged
+    /// (`keep`); an explicit lock that locked nothing reports a failure to the phone.
+    private func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String, walkAway: Bool) async -> ActionResult.Outcome {
         var list = targets
         if list.isEmpty {
             for user in users {
@@ -1066,23 +1189,49 @@ public actor Box {
             audit.audit(.notice, .sessionAction, "no session on record for \(users.map(logSafe).joined(separator: ", ")): locking all \(list.count) local session(s)", phone: phone.fingerprint)
         }
         guard !list.isEmpty else { return .noSession }
-        let outcome = await run(reason.hasPrefix("phone") ? "lock" : "walk-away lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
-        await confirmLocked(list)
-        return outcome
+        let outcome = await run(walkAway ? "walk-away lock" : "lock", list, phone: phone, reason: reason) { try await self.sessions.lock(session: $0) }
+        guard outcome == .done else { return outcome }
+        if walkAway {
+            // Nobody waits for the answer: the timers carry on while the sessions are checked.
+            Task { await self.settle(await self.unconfirmedLocks(list), phone: phone, walkAway: true) }
+            return outcome
+        }
+        let open = await unconfirmedLocks(list)
+        await settle(open, phone: phone, walkAway: false)
+        return open.count == list.count ? .failed : outcome
     }
 
-    /// logind's LockSession only signals the session; a text console, or a desktop with no
-    /// locker following logind, stays open. Say so loudly instead of claiming a lock.
-    private func confirmLocked(_ list: [LoginSession]) async {
-        var open = list.map(\.id)
-        for _ in 0..<20 where !open.isEmpty {
-            try? await clock.sleep(for: .milliseconds(100))
-            var still: [String] = []
-            for id in open where (try? await sessions.session(id: id))??.locked != true { still.append(id) }
+    /// logind's LockSession only signals the session: the sessions of `list` that did not report
+    /// themselves locked within `lock_confirm_s`.
+    private func unconfirmedLocks(_ list: [LoginSession]) async -> [LoginSession] {
+        let deadline = clock.now + config.lockConfirm
+        var open = list
+        while true {
+            var still: [LoginSession] = []
+            for s in open where (try? await sessions.session(id: s.id))??.locked != true { still.append(s) }
             open = still
+            guard !open.isEmpty, clock.now < deadline else { return open }
+            try? await clock.sleep(for: .milliseconds(100))
         }
-        for id in open {
-            audit.audit(.error, .sessionAction, "session \(logSafe(id)) did not report itself locked 2 s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console or a desktop without a logind-aware locker; it may still be open")
+    }
+
+    /// Sessions a lock did not lock: ended after a walk-away unless `not_locked = keep`; said
+    /// loudly either way.
+    private func settle(_ open: [LoginSession], phone: PublicKey, walkAway: Bool) async {
+        let seconds = config.lockConfirm.components.seconds
+        for s in open {
+            let what = "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) did not report itself locked \(seconds) s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console, or a desktop without a logind-aware locker"
+            guard walkAway, config.notLocked == .logout else {
+                audit.audit(.error, .sessionAction, "\(what); it is still open\(walkAway ? " ([presence] not_locked = keep)" : "")", phone: phone.fingerprint, user: s.user)
+                continue
+            }
+            do {
+                try await sessions.terminate(session: s.id)
+                registered.close(s.id)
+                audit.audit(.notice, .sessionAction, "\(what): ended it ([presence] not_locked = logout)", phone: phone.fingerprint, user: s.user)
+            } catch {
+                audit.audit(.error, .sessionAction, "\(what), and ending it failed: \(error); it may still be open", phone: phone.fingerprint, user: s.user)
+            }
         }
     }
 
@@ -1096,11 +1245,11 @@ public actor Box {
         let bound = registered.sessions(boundTo: phone)
         switch config.policy {
         case .lock:
-            if await lock(bound, orAllOf: [user], phone: phone, reason: reason) == .done { lockedUsers.insert(user) }
+            if await lock(bound, orAllOf: [user], phone: phone, reason: reason, walkAway: true) == .done { lockedUsers.insert(user) }
         case .logout:
             if bound.isEmpty {
                 // Unsure which session: lock them all rather than end one by guess.
-                if await lock([], orAllOf: [user], phone: phone, reason: reason) == .done { lockedUsers.insert(user) }
+                if await lock([], orAllOf: [user], phone: phone, reason: reason, walkAway: true) == .done { lockedUsers.insert(user) }
             } else if await run("walk-away logout", bound, phone: phone, reason: reason, { try await self.sessions.terminate(session: $0) }) == .done {
                 for s in bound { registered.close(s.id) }
             }
@@ -1160,15 +1309,20 @@ public actor Box {
             links[id] = link
             perform(output, for: id, now: now)
         }
-        for prompt in prompts.prompts.values where prompt.deadline <= now {
-            if waiters[prompt.id] != nil {
-                resolve(prompt.id, .noPush(.timedOut))
-            } else if let v = prompt.verifying {
+        for prompt in prompts.prompts.values {
+            guard let deadline = prompt.deadline, deadline <= now else { continue }
+            if prompt.entered {
+                // Enter was pressed, and the phone on its way (or asked by its offer) did not push.
+                endWait(prompt.id, .timedOut)
+            } else if prompt.held != nil {
+                dropHeld(prompt.id, .timedOut, "nobody pressed Enter at \(prompt.description) within \(config.enterWait.components.seconds) s", now: now)
+            } else if prompt.delivered, let v = prompt.verifying {
                 prompts.remove(prompt.id)
                 finishLogin(on: v.link, LoginResult(.timedOut, reason: "the login prompt did not report an outcome"), now: now)
-            } else {
+            } else if prompt.offer != nil {
                 withdrawOffer(of: prompt.id, "nobody pressed Enter at the box's prompt")
-                prompts.remove(prompt.id)
+            } else {
+                prompts[prompt.id]?.deadline = nil
             }
         }
         for (phone, grace) in graces where grace.deadline <= now {
@@ -1193,7 +1347,7 @@ public actor Box {
             if let d = link.connection.nextDeadline { deadlines.append(d) }
             if let d = link.reassembler.deadline { deadlines.append(d) }
         }
-        deadlines += prompts.prompts.values.map(\.deadline)
+        deadlines += prompts.prompts.values.compactMap(\.deadline)
         deadlines += graces.values.map(\.deadline)
         deadlines += presences.values.map(\.keepaliveDeadline)
         return deadlines.min()
@@ -1264,7 +1418,9 @@ public actor Box {
     }
 
     public func shutdown() {
-        for id in Array(waiters.keys) { resolve(id, .noPush(.shuttingDown)) }
+        let now = clock.now
+        for id in Array(prompts.prompts.keys) { closePrompt(id, .shuttingDown, now: now) }
+        for id in Array(waiters.keys) { endWait(id, .shuttingDown) }
         outboxContinuation.finish()
         doorbell.signal()
     }

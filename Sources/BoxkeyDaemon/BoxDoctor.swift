@@ -36,6 +36,7 @@ public enum BoxDoctor {
             report.append(await RadioDoctor.check(adapter: config.adapter))
         }
         report.append(await logind())
+        report.append(await walkAwayLocks(config))
         report.append(daemon(socket: config.pamSocket))
         report.append(stateDirectory(config.stateDirectory))
 
@@ -150,6 +151,53 @@ public enum BoxDoctor {
                         do: "systemctl status systemd-logind")
         }
         return report
+    }
+
+    /// Programs that lock a session when logind says Lock and then tell logind so (LockedHint),
+    /// by process name; and those that lock but never say so.
+    static let lockersThatSaySo = ["gnome-shell", "xss-lock", "ksmserver", "kwin_wayland"]
+    static let lockersThatDoNotSaySo = ["light-locker", "cinnamon-screensaver", "xfce4-screensaver", "mate-screensaver", "swayidle"]
+
+    /// The local sessions a walk-away would not lock: a text console, or a desktop with no
+    /// locker that follows logind and says so. Each is named with what walk-away does to it.
+    static func walkAwayLocks(_ config: DaemonConfig) async -> DoctorReport {
+        var report = DoctorReport()
+        guard config.policy == .lock else { return report }
+        let logind = LogindSessionControl(timeout: .seconds(3))
+        guard let all = try? await logind.allSessions() else { return report }
+        let then = config.notLocked == .logout ? "walk-away ends it ([presence] not_locked = logout)"
+                                               : "walk-away leaves it open ([presence] not_locked = keep)"
+        for s in all.filter({ $0.isLocal && $0.sessionClass == "user" }).sorted(by: { $0.id < $1.id }) {
+            let check = "walk-away: session \(s.id) (\(s.user), \(s.place)\(s.type.isEmpty ? "" : ", \(s.type)"))"
+            if s.type == "tty" {
+                report.warn(check, "a text console: nothing on it can lock; \(then)", do: "log out of consoles when leaving, or use a desktop")
+                continue
+            }
+            let running = processNames(inScope: s.scope)
+            if let locker = lockersThatSaySo.first(where: running.contains) {
+                report.ok(check, "\(locker) locks it and tells logind (LockedHint)")
+            } else if let locker = lockersThatDoNotSaySo.first(where: running.contains) {
+                report.warn(check, "\(locker) locks it but never tells logind (no LockedHint): \(then)",
+                            do: "run your locker under xss-lock (Debian's sets LockedHint): xss-lock -- i3lock -n")
+            } else {
+                report.warn(check, "no locker that follows logind's Lock is running in it: \(then)",
+                            do: "start one in the session (gnome-shell, KDE, or xss-lock -- i3lock -n)")
+            }
+        }
+        return report
+    }
+
+    /// The names (comm) of the processes in a session's scope, from /proc/PID/cgroup.
+    static func processNames(inScope scope: String) -> Set<String> {
+        guard !scope.isEmpty else { return [] }
+        var names: Set<String> = []
+        for pid in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] where pid.allSatisfy(\.isNumber) {
+            guard let cgroup = try? String(contentsOfFile: "/proc/\(pid)/cgroup", encoding: .utf8),
+                  cgroup.split(separator: "\n").contains(where: { $0.hasSuffix("/" + scope) }),
+                  let comm = try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8) else { continue }
+            names.insert(comm.trimmed)
+        }
+        return names
     }
 
     static func daemon(socket: String) -> DoctorReport {

@@ -42,6 +42,12 @@ public struct DaemonConfig: Sendable, Equatable {
     public var pendingEnrolment: Duration = .seconds(300)
     // [presence]
     public var policy: Policy = .lock
+    /// What walk-away does with a session logind locked that did not then say it is locked
+    /// (LockedHint) within `lockConfirm`: nothing on it follows logind's Lock (a text console, a
+    /// desktop without a logind-aware locker), so it is still open to whoever sits down.
+    public enum NotLocked: String, Sendable { case logout, keep }
+    public var notLocked: NotLocked = .logout
+    public var lockConfirm: Duration = .seconds(5)
     public var grace: Duration = .seconds(5)
     public var rssiLockThreshold = -80
     public var rssiReturnThreshold = -60
@@ -55,7 +61,12 @@ public struct DaemonConfig: Sendable, Equatable {
     public var pamSocket = "/run/boxkey/pam.sock"
     /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
     public var pamAllowedUIDs: [UInt32] = []
+    /// How long a proximity offer stays at a prompt for Enter, and the cap on the module's
+    /// `timeout=` (its wait after Enter for a phone on its way).
     public var maxPromptWait: Duration = .seconds(120)
+    /// How long a phone's push waits at the prompt it went to for Enter there. The person who
+    /// pushed is at the box; a push left waiting longer is one someone else could use.
+    public var enterWait: Duration = .seconds(30)
     /// PAM services that may offer phone login: display managers, console login, screen
     /// lockers. Never sudo, su, polkit-1, sshd or cron unless an admin adds them.
     public var phoneLoginServices: Set<String> = DaemonConfig.defaultPhoneLoginServices
@@ -288,11 +299,17 @@ public struct DaemonConfig: Sendable, Equatable {
             c.pairingCodeTries = try reader.int(t, "code_tries", 1...10) ?? c.pairingCodeTries
             c.pendingEnrolment = try reader.seconds(t, "pending_s", 30...3600) ?? c.pendingEnrolment
         }
-        if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s", "keepalive_timeout_s"]) {
+        if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s", "keepalive_timeout_s",
+                                                               "not_locked", "lock_confirm_s"]) {
             if let p = try reader.string(t, "policy") {
                 guard let policy = Policy(rawValue: p) else { throw reader.error(t["policy"]!.line, "[presence] policy must be lock, logout or none") }
                 c.policy = policy
             }
+            if let n = try reader.string(t, "not_locked") {
+                guard let notLocked = NotLocked(rawValue: n) else { throw reader.error(t["not_locked"]!.line, "[presence] not_locked must be logout or keep") }
+                c.notLocked = notLocked
+            }
+            c.lockConfirm = try reader.seconds(t, "lock_confirm_s", 1...60) ?? c.lockConfirm
             c.grace = try reader.milliseconds(t, "grace_s", 0...3_600_000, scale: 1000) ?? c.grace
             c.rssiLockThreshold = try reader.int(t, "rssi_lock_dbm", -120...0) ?? c.rssiLockThreshold
             c.rssiReturnThreshold = try reader.int(t, "rssi_return_dbm", -120...0) ?? c.rssiReturnThreshold
@@ -305,7 +322,7 @@ public struct DaemonConfig: Sendable, Equatable {
                 throw reader.error((t["rssi_return_dbm"] ?? t["rssi_lock_dbm"])?.line ?? t.line, "[presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")
             }
         }
-        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "services", "verify_service"]) {
+        if let t = try reader.section(table, "pam", keys: ["socket", "allowed_uids", "max_wait_s", "enter_wait_s", "services", "verify_service"]) {
             c.verifyService = try reader.string(t, "verify_service") ?? c.verifyService
             c.phoneLoginServices = try reader.services(t, "services") ?? c.phoneLoginServices
             c.pamSocket = try reader.string(t, "socket") ?? c.pamSocket
@@ -319,6 +336,7 @@ public struct DaemonConfig: Sendable, Equatable {
                 }
             }
             c.maxPromptWait = try reader.seconds(t, "max_wait_s", 5...3600) ?? c.maxPromptWait
+            c.enterWait = try reader.seconds(t, "enter_wait_s", 5...300) ?? c.enterWait
         }
         return c
     }

@@ -91,8 +91,6 @@ public struct PAMBridge: Service, CustomStringConvertible {
                             try await outbound.write(ByteBuffer(bytes: reply.encode()))
                         case .answer(.noPush(let reason)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
-                        case .answer(.offer(let user)):
-                            try await outbound.write(ByteBuffer(bytes: PAMReply.offer(user: user).encode()))
                         case .answer(.escrowCapture(let user, let ticket)):
                             try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
                         case .answer(.keyLogin(let user, let ticket)):
@@ -104,6 +102,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
                 }
                 var state = PAMConnectionState.fresh
                 var prompt: UInt64?
+                var wait = Duration.zero
                 requests: for try await frame in inbound {
                     let request: PAMRequest
                     var body = Array(buffer: frame)
@@ -130,19 +129,16 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         replyContinuation.yield(.reply(reply))
                         guard let id else { break requests }
                         prompt = id
-                        // The wait runs beside this read loop, so a cancel or a hang-up ends it.
-                        group.addTask {
-                            // A proximity offer is shown, then the same prompt waits for the push.
-                            while true {
-                                let answer = await box.awaitPush(id)
-                                replyContinuation.yield(.answer(answer))
-                                guard case .offer = answer else { break }
-                            }
-                        }
+                        wait = .milliseconds(Int(r.timeoutMilliseconds))
                     case .cancel:
                         if let prompt { await box.promptClosed(prompt) }
                     case .intent:
-                        if let prompt { await box.intent(prompt) }
+                        // Enter at the prompt. A wait for a phone on its way runs beside this read
+                        // loop, so a cancel or a hang-up ends it.
+                        if let prompt {
+                            let wait = wait
+                            group.addTask { replyContinuation.yield(.answer(await box.take(prompt, wait: wait))) }
+                        }
                     case .capturedPassword(var password):
                         if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
                         secureZero(&password)

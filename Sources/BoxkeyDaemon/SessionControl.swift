@@ -13,11 +13,15 @@ public struct LoginSession: Sendable, Equatable {
     /// logind's Class: user, greeter, lock-screen, background.
     public var sessionClass: String
     public var locked: Bool
+    /// logind's Type: tty, x11, wayland, mir, unspecified.
+    public var type: String
+    /// Its systemd scope ("session-6.scope"): the cgroup its processes are in.
+    public var scope: String
 
     public init(id: String, uid: UInt32, user: String, seat: String = "seat0", tty: String = "", display: String = "",
-                remote: Bool = false, sessionClass: String = "user", locked: Bool = false) {
+                remote: Bool = false, sessionClass: String = "user", locked: Bool = false, type: String = "", scope: String = "") {
         self.id = id; self.uid = uid; self.user = user; self.seat = seat; self.tty = tty; self.display = display
-        self.remote = remote; self.sessionClass = sessionClass; self.locked = locked
+        self.remote = remote; self.sessionClass = sessionClass; self.locked = locked; self.type = type; self.scope = scope
     }
 
     /// On a seat and not remote: someone sits at this box.
@@ -85,11 +89,20 @@ public final class LogindSessionControl: SessionControl {
     }
 
     public func sessions(ofUID uid: UInt32) async throws -> [LoginSession] {
+        try await sessions { $0 == uid }
+    }
+
+    /// Every session logind knows (`boxkeyd doctor`).
+    public func allSessions() async throws -> [LoginSession] {
+        try await sessions { _ in true }
+    }
+
+    private func sessions(where wanted: (UInt32) -> Bool) async throws -> [LoginSession] {
         // a(susso): id, uid, user, seat, path
         let reply = try await call("ListSessions", [])
         var out: [LoginSession] = []
         for entry in reply.first?.elements ?? [] {
-            guard case .structure(let f) = entry, f.count == 5, f[1].int == Int(uid), let path = f[4].string else { continue }
+            guard case .structure(let f) = entry, f.count == 5, let uid = f[1].int, wanted(UInt32(uid)), let path = f[4].string else { continue }
             if let s = try? await session(at: path) { out.append(s) }
         }
         return out
@@ -107,7 +120,7 @@ public final class LogindSessionControl: SessionControl {
         return LoginSession(id: id, uid: UInt32(uid), user: user, seat: first("Seat")?.string ?? "",
                             tty: p["TTY"]?.string ?? "", display: p["Display"]?.string ?? "",
                             remote: p["Remote"]?.bool ?? true, sessionClass: p["Class"]?.string ?? "",
-                            locked: p["LockedHint"]?.bool ?? false)
+                            locked: p["LockedHint"]?.bool ?? false, type: p["Type"]?.string ?? "", scope: p["Scope"]?.string ?? "")
     }
 
     private func bus() throws -> DBusConnection {

@@ -33,6 +33,12 @@ public struct Translator: Sendable {
         Self.fill(msgid.withCString { String(cString: dgettext(domain, $0)) }, values)
     }
 
+    /// Another package's message in its own catalog, as that package would say it (the PAM
+    /// module asks with Linux-PAM's "Password: ", so a program that recognises it still does).
+    public static func foreign(domain: String, _ msgid: String) -> String {
+        domain.withCString { d in msgid.withCString { String(cString: dgettext(d, $0)) } }
+    }
+
     /// A message whose form depends on a count (ngettext: Russian has three).
     public func plural(_ singular: String, _ plural: String, _ count: Int, _ values: (String, any CustomStringConvertible)...) -> String {
         Self.fill(singular.withCString { one in

@@ -5,7 +5,9 @@
 /// Frame: `length (2, BE, of what follows) | version (1) | type (1) | body`. Strings are
 /// `length (1) | UTF-8`; the password is `length (2, BE) | bytes`. Decoders are exact.
 public enum PAMWire {
-    public static let version: UInt8 = 2
+    /// 3: the module asks at once and a push waits at the prompt for Enter (`intent`); 2 waited
+    /// for the push before any prompt.
+    public static let version: UInt8 = 3
     public static let maxFrameLength = 2048
     /// Where boxkeyd listens and pam_boxkey connects by default.
     public static let defaultSocketPath = "/run/boxkey/pam.sock"
@@ -26,18 +28,22 @@ public enum PAMWire {
 
 /// Module (or admin tool) to daemon.
 public enum PAMRequest: Equatable, Sendable {
-    /// Wait for a phone's push for up to `timeoutMilliseconds`. Answered at once with
-    /// `.prompt` (what to show) or `.notOffered`, then with `.push` or `.noPush`. Once per
-    /// connection.
+    /// Opens a prompt for phone login. Answered at once with `.prompt` (what to show) or
+    /// `.notOffered`. While the module then asks the person for the password, a phone's push
+    /// for this prompt waits at the box for Enter there (`intent`). Once per connection.
     case waitForPush(WaitRequest)
-    /// The module gave up waiting (its own timeout or the user chose the password prompt).
+    /// The prompt is over without the phone: the person typed a password, cancelled, or the
+    /// module gave up.
     case cancel
     /// The final outcome of the PAM stack for the push this connection received.
     case reportOutcome(Verdict, reason: String)
     /// Escrow capture: the password the person typed, sent only after the stack accepted it
     /// and just before `reportOutcome`. The bytes are the receiver's to wipe.
     case capturedPassword([UInt8])
-    /// Proximity: the person pressed Enter at a prompt showing a phone's offer.
+    /// The person pressed Enter at the prompt with nothing typed: they want the phone. Answered
+    /// with the push (or key login, escrow capture) that waits there, at once; with a phone's
+    /// push that is on its way (a proximity offer, then asked; a phone mid-login), within
+    /// `timeoutMilliseconds`; else at once with `.noPush(.nothingYet)`.
     case intent
     /// `pam_sm_open_session`: the logind session pam_systemd put in the PAM environment, and
     /// the ticket of the push that authenticated it (empty when no push did).
@@ -60,6 +66,7 @@ public enum PAMRequest: Equatable, Sendable {
         public var remoteHost: String
         /// Empty when any user may log in (a greeter); the locked user for a screen locker.
         public var expectedUser: String
+        /// After Enter, the longest wait for a phone's push that is on its way.
         public var timeoutMilliseconds: UInt32
         public init(service: String, tty: String, display: String, remoteHost: String = "", expectedUser: String, timeoutMilliseconds: UInt32) {
             self.service = service
@@ -155,27 +162,26 @@ public enum PAMReply: Equatable, Sendable {
     /// password yet. The module asks the person for it; once the stack accepted it the module
     /// sends it back (`capturedPassword`) for the box to seal under the phone's secret.
     case escrowCapture(user: String, ticket: String)
-    /// Proximity: `user`'s enrolled phone is near. The module asks the person to press Enter
-    /// (`intent`); the push follows on this connection.
-    case offer(user: String)
-    /// No push came: `timedOut`, `superseded` (another prompt took over), `shuttingDown`.
+    /// No push for this Enter: `nothingYet` (no phone has pushed to this prompt), `timedOut`
+    /// (a phone on its way did not push in time), `superseded` (another prompt on the same
+    /// terminal took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok
     case error(String)
     /// Admin output, one line per entry.
     case text(String)
 
-    public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2 }
+    public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2, nothingYet = 3 }
 
-    /// The user a push, key login, capture or offer names.
+    /// The user a push, key login or capture names.
     public var pushedUser: String? {
         switch self {
-        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _), .offer(let user): user
+        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
         default: nil
         }
     }
 
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89, offer = 0x8a }
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -185,7 +191,6 @@ public enum PAMReply: Equatable, Sendable {
         case .push(let user, let password, let ticket): w.kind(Kind.push.rawValue); w.text(user); w.secret(password); w.text(ticket)
         case .keyLogin(let user, let ticket): w.kind(Kind.keyLogin.rawValue); w.text(user); w.text(ticket)
         case .escrowCapture(let user, let ticket): w.kind(Kind.escrowCapture.rawValue); w.text(user); w.text(ticket)
-        case .offer(let user): w.kind(Kind.offer.rawValue); w.text(user)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
@@ -232,10 +237,6 @@ public enum PAMReply: Equatable, Sendable {
             let user = try r.text()
             guard !user.isEmpty else { throw .invalidText }
             reply = .keyLogin(user: user, ticket: try r.text())
-        case .offer:
-            let user = try r.text()
-            guard !user.isEmpty else { throw .invalidText }
-            reply = .offer(user: user)
         case .escrowCapture:
             let user = try r.text()
             guard !user.isEmpty else { throw .invalidText }

@@ -217,7 +217,8 @@ public actor Agent {
         var phone = phone
         defer { self.phone = phone }
         let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central,
-                                                   progress: { elapsed in reply(.progress("looking for box \(id)… \(elapsed.components.seconds) s")) })
+                                                   progress: { elapsed in reply(.progress("looking for box \(id)… \(elapsed.components.seconds) s")) },
+                                                   awaitingEnter: { reply(.progress($0.sentence(box: id))) })
         log(report.sentence)
         // The answer goes out first: closing the link takes round trips the person need not wait for.
         reply(.result(.success, message: report.sentence + (stay ? " The agent holds the presence link." : ""), details: Self.json(report)))

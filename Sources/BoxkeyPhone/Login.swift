@@ -24,7 +24,8 @@ extension Phone {
     /// the box's prompt, within `intentWait`.
     public mutating func login(to id: BoxID, user: String, password: SecureBytes, radio: any CentralRadio,
                                offerFirst: Bool = false, intentWait: Duration = .seconds(130),
-                               progress: (@Sendable (Duration) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
+                               progress: (@Sendable (Duration) -> Void)? = nil,
+                               awaitingEnter: (@Sendable (EnterWait) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
         let clock = MonotonicClock()
         var start = clock.now
         let link = try await connect(to: id, radio: radio, progress: progress)
@@ -54,10 +55,16 @@ extension Phone {
                 throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id)))
             }
         }
-        let answer: PhoneConnection.Event
+        var answer: PhoneConnection.Event
         do {
             try await link.send(.credentialPush(CredentialPush(user: user, password: password, deviceName: deviceName)))
             answer = try await link.next(timeout: .seconds(90))
+            // The program's password prompt is on the box's screen: the push waits there for
+            // Enter, at most the seconds the box says (then its answer comes).
+            while case .awaitingEnter(let wait) = answer {
+                awaitingEnter?(wait)
+                answer = try await link.next(timeout: .seconds(Int64(wait.seconds) + 90))
+            }
         } catch {
             await link.close()
             throw failure(error, box: id)
@@ -104,6 +111,15 @@ extension Phone {
         case .noSession: throw PhoneFailure(.noSession, tr("you have no session on box {box}", ("box", id)))
         case .failed: throw PhoneFailure(.failure, action == .lock ? tr("box {box} could not lock the session", ("box", id)) : tr("box {box} could not end the session", ("box", id)))
         }
+    }
+}
+
+extension EnterWait {
+    /// What the phone says while its push waits at the box's prompt.
+    public func sentence(box: BoxID) -> String {
+        place.isEmpty
+            ? tr("Sent. Press Enter at box {box}'s password prompt (within {seconds} s) to log in.", ("box", box), ("seconds", seconds))
+            : tr("Sent. Press Enter at box {box}'s password prompt ({place}, within {seconds} s) to log in.", ("box", box), ("place", place), ("seconds", seconds))
     }
 }
 

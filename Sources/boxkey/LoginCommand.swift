@@ -47,7 +47,8 @@ extension Boxkey {
                     while result == nil {
                         do {
                             result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
-                                                           progress: { Terminal.progress(tr("looking for box {box}… {seconds} s", ("box", boxID), ("seconds", $0.components.seconds))) })
+                                                           progress: { Terminal.progress(tr("looking for box {box}… {seconds} s", ("box", boxID), ("seconds", $0.components.seconds))) },
+                                                           awaitingEnter: { Terminal.say($0.sentence(box: boxID)) })
                         } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
                             continue
                         }

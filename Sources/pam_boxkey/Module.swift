@@ -11,10 +11,6 @@ import Glibc
 
 private let pendingKey = "pam_boxkey_pending"
 
-/// Seconds from Enter at a proximity offer to the phone's push (a connected phone needs well
-/// under one; the daemon's own limit is its command and outcome timeouts).
-private let proximityPushWait = 20
-
 /// The module's words, in the application's locale (a module never sets the locale itself).
 private let tr = Translator(domain: "pam_boxkey", besideExecutable: false)
 
@@ -89,24 +85,18 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     guard let raw else { return PAM_SYSTEM_ERR }
     let pamh = PAMHandle(raw: raw)
     let options = ModuleOptions(argc: argc, argv: argv)
-    let unavailableCode = options.ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL
     for arg in options.unknown { pamh.log(LOG_ERR, "unknown option \(arg)") }
-    /// No push used: step aside, having asked for the password when told to (ask_password).
-    func stepAside() -> Int32 {
-        if options.askPassword {
-            var token: UnsafePointer<CChar>?
-            let rc = pam_get_authtok(raw, PAM_AUTHTOK, &token, nil)
-            if rc != PAM_SUCCESS, options.debug { pamh.log(LOG_DEBUG, "asking for the password: \(String(cString: pam_strerror(raw, rc)))") }
-        }
-        return unavailableCode
-    }
+    // A retry on the same handle (login asks again after "Login incorrect"): the earlier
+    // attempt's conversation proxy goes, so nothing of it answers this attempt's prompts.
+    _ = pam_set_data(raw, pendingKey, nil, nil)
+    _ = pam_set_data(raw, typedKey, nil, nil)
 
     // A module before this one already has the password (pam_krb5 ranks above pam_boxkey in
-    // pam-auth-update): the person typed it, so waiting for a phone would only delay them.
+    // pam-auth-update): the person typed it, so asking again would only delay them.
     var typed: UnsafeRawPointer?
     if pam_get_item(raw, PAM_AUTHTOK, &typed) == PAM_SUCCESS, typed != nil {
-        if options.debug { pamh.log(LOG_DEBUG, "a password is already set: not waiting for a phone") }
-        return unavailableCode
+        if options.debug { pamh.log(LOG_DEBUG, "a password is already set: not offering phone login") }
+        return options.unavailableCode
     }
 
     // A phone near the box cannot vouch for someone logging in over the network. A loopback
@@ -114,97 +104,187 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
     let remoteHost = pamh.item(PAM_RHOST) ?? ""
     if !remoteHost.isEmpty, !PAMWire.loopbackHosts.contains(remoteHost) {
         if options.debug { pamh.log(LOG_DEBUG, "remote session from \(remoteHost): not offering phone login") }
-        return stepAside()
+        return stepAside(pamh, options)
     }
 
-    let client: PAMSocketClient
-    do {
-        client = try PAMSocketClient(path: options.socket)
-    } catch {
-        if options.debug { pamh.log(LOG_DEBUG, "boxkeyd is not running (\(options.socket)): \(error)") }
-        return stepAside()
-    }
-
-    do {
-        let expected = pamh.item(PAM_USER) ?? ""
-        try client.send(.waitForPush(.init(service: pamh.item(PAM_SERVICE) ?? "", tty: pamh.item(PAM_TTY) ?? "",
-                                           display: pamh.item(PAM_XDISPLAY) ?? "", remoteHost: remoteHost, expectedUser: expected,
-                                           timeoutMilliseconds: UInt32(options.timeoutSeconds * 1000))))
-        // First answer: offered here or not. Not offered (sudo, a remote session, ...): step
-        // aside without a word, so the password prompt comes at once.
-        switch try client.receive(timeoutMilliseconds: 2000) {
-        case .prompt(let boxID, let fingerprint, let code, let seconds):
-            pamh.info(tr("Box {box} — log in from your phone, or wait for the password prompt (box key {fingerprint})",
-                         ("box", boxID), ("fingerprint", fingerprint)))
-            if !code.isEmpty {
+    // Nobody is made to wait here: the module opens the prompt with the daemon, then asks the
+    // person at once — the password, or, when nobody is named yet, who. A phone's push for
+    // this prompt waits at the box until Enter is pressed here with nothing typed.
+    var user = pamh.item(PAM_USER) ?? ""
+    var showBox = true
+    while true {
+        let client: PAMSocketClient
+        let offered: (box: String, fingerprint: String, code: String, seconds: UInt32)
+        do {
+            client = try PAMSocketClient(path: options.socket)
+            try client.send(.waitForPush(.init(service: pamh.item(PAM_SERVICE) ?? "", tty: pamh.item(PAM_TTY) ?? "",
+                                               display: pamh.item(PAM_XDISPLAY) ?? "", remoteHost: remoteHost, expectedUser: user,
+                                               timeoutMilliseconds: UInt32(options.timeoutSeconds * 1000))))
+            // Not offered (sudo, a remote session, ...), or a daemon slower than this: step aside
+            // without a word, so the password prompt comes at once.
+            switch try client.receive(timeoutMilliseconds: firstAnswerMilliseconds) {
+            case .prompt(let box, let fingerprint, let code, let seconds): offered = (box, fingerprint, code, seconds)
+            case .notOffered(let why):
+                if options.debug { pamh.log(LOG_DEBUG, "phone login not offered: \(why)") }
+                return stepAside(pamh, options)
+            default: return stepAside(pamh, options)
+            }
+        } catch {
+            if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
+            return stepAside(pamh, options)
+        }
+        if showBox {
+            showBox = false
+            pamh.info(tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})",
+                         ("box", offered.box), ("fingerprint", offered.fingerprint)))
+            if !offered.code.isEmpty {
                 pamh.info(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
-                             ("code", code), ("box", boxID), ("minutes", max(1, (seconds + 59) / 60))))
-            }
-        case .notOffered(let why):
-            if options.debug { pamh.log(LOG_DEBUG, "phone login not offered: \(why)") }
-            return stepAside()
-        default:
-            return stepAside()
-        }
-        // The daemon answers by the timeout; the extra second covers a slow daemon, never more.
-        var reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
-        if case .offer(let offered) = reply {
-            // Proximity: the phone is near, and logs in only if the person asks here. Enter is
-            // the intent; a typed password is the person's own, handed on as typed.
-            guard var answer = pamh.askHidden(tr("{user}'s phone is near — press Enter to log in, or type the password:", ("user", offered))) else {
-                try? client.send(.cancel)
-                return stepAside()
-            }
-            guard answer.isEmpty else {
-                try? client.send(.cancel)
-                pamh.setItem(PAM_AUTHTOK, answer)
-                answer.withUnsafeMutableBytes { if let b = $0.baseAddress { memset(b, 0, $0.count) } }
-                return unavailableCode
-            }
-            try client.send(.intent)
-            reply = try client.receive(timeoutMilliseconds: Int64(proximityPushWait) * 1000)
-            guard reply.pushedUser == offered else {
-                if options.debug { pamh.log(LOG_DEBUG, "no push for \(offered) after the proximity intent") }
-                try? client.send(.cancel)
-                return stepAside()
+                             ("code", offered.code), ("box", offered.box), ("minutes", max(1, (offered.seconds + 59) / 60))))
             }
         }
-        if case .escrowCapture(let user, let ticket) = reply {
-            return escrowCapture(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
-        }
-        if case .keyLogin(let user, let ticket) = reply {
-            return keyLogin(user: user, ticket: ticket, expected: expected, client: client, pamh: pamh, options: options) ?? stepAside()
-        }
-        guard case .push(let user, let password, let ticket) = reply else {
-            if options.debug { pamh.log(LOG_DEBUG, "no push: \(reply)") }
+        switch converse(client: client, user: user, box: offered.box, pamh: pamh, options: options) {
+        case .named(let name):
+            // A greeter's "other user": the person typed who. The prompt is now that user's.
             try? client.send(.cancel)
-            return stepAside()
+            client.close()
+            guard pamh.setItem(PAM_USER, Array(name.utf8)) == PAM_SUCCESS else { return PAM_SYSTEM_ERR }
+            user = name
+        case .done(let result):
+            return result
         }
-        // Wipe the one buffer `reply` and `password` share, in place: a plain write would copy
-        // it first (copy on write) and wipe only the copy.
-        defer { password.withUnsafeBufferPointer { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } } }
-        if !expected.isEmpty, expected != user {
-            pamh.log(LOG_NOTICE, "refusing a push for another user: this prompt is for \(expected)")
-            try? client.send(.reportOutcome(.rejected, reason: "this prompt is for another user"))
-            return stepAside()
-        }
-        guard pamh.setItem(PAM_USER, Array(user.utf8)) == PAM_SUCCESS, pamh.setItem(PAM_AUTHTOK, password) == PAM_SUCCESS else {
-            try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
-            return PAM_SYSTEM_ERR
-        }
-        let pending = PendingLogin(client: client, debug: options.debug, raw: raw, ticket: ticket)
-        pending.answer = PromptAnswer.install(on: pamh, password: password, answerFirst: options.answerPrompt)
-        guard keep(pending, on: pamh) else { return PAM_SYSTEM_ERR }
-        pamh.log(LOG_INFO, "credentials received from a phone")
-        // PAM_IGNORE, not PAM_SUCCESS: the module's result never counts towards the stack's.
-        // Only the verifier after it decides, whatever the control lines around it say (with
-        // success=ok, a verifier whose failure the stack ignores would have let any pushed
-        // password in).
-        return PAM_IGNORE
-    } catch {
-        if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
-        return stepAside()
     }
+}
+
+/// How long the daemon has to say whether phone login is offered here. It answers in
+/// milliseconds; a slower one (hung, or logind not answering) is skipped, and the password
+/// prompt comes after at most this.
+private let firstAnswerMilliseconds: Int64 = 1000
+
+private enum Conversation {
+    /// The person typed a user name at this module's user prompt.
+    case named(String)
+    case done(Int32)
+}
+
+/// The prompt with the daemon open: asks the person (the password; or, with no user yet, who),
+/// and takes a phone's push when Enter is pressed with nothing typed.
+private func converse(client: PAMSocketClient, user: String, box: String, pamh: PAMHandle, options: ModuleOptions) -> Conversation {
+    for attempt in 0..<maxEmptyEnters {
+        if attempt > 0 {
+            pamh.info(tr("No phone has pushed to box {box} yet: push from your phone, then press Enter — or type the password", ("box", box)))
+        }
+        let asked = user.isEmpty ? pamh.askVisible(pamh.userPrompt) : pamh.askHidden(passwordPrompt)
+        guard var answer = asked else {
+            // The person cancelled (Ctrl-D, the greeter's Cancel) or the program has no conversation.
+            try? client.send(.cancel)
+            return .done(PAM_CONV_ERR)
+        }
+        defer { answer.withUnsafeMutableBytes { if let b = $0.baseAddress { memset(b, 0, $0.count) } } }
+        if !answer.isEmpty {
+            if user.isEmpty {
+                guard let name = String(validating: answer, as: UTF8.self) else {
+                    try? client.send(.cancel)
+                    return .done(PAM_USER_UNKNOWN)
+                }
+                return .named(name)
+            }
+            // The person's own password, handed on as typed; a push that waited is let go.
+            try? client.send(.cancel)
+            guard pamh.setItem(PAM_AUTHTOK, answer) == PAM_SUCCESS else { return .done(PAM_SYSTEM_ERR) }
+            // A verifier that always asks gets the same answer instead of asking twice.
+            if options.answerPrompt { keepTyped(answer, on: pamh) }
+            return .done(options.unavailableCode)
+        }
+        // Enter with nothing typed: the phone.
+        let reply: PAMReply
+        let terminal = QuietTerminal(tty: pamh.item(PAM_TTY) ?? "")
+        do {
+            try client.send(.intent)
+            reply = try client.receive(timeoutMilliseconds: Int64(options.timeoutSeconds + 1) * 1000)
+        } catch {
+            terminal.restore(discardTyped: false)
+            if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
+            return .done(stepAside(pamh, options))
+        }
+        terminal.restore(discardTyped: reply.pushedUser != nil)
+        switch reply {
+        case .noPush(.nothingYet), .noPush(.timedOut):
+            continue
+        case .noPush(let why):
+            if options.debug { pamh.log(LOG_DEBUG, "no push: \(why)") }
+            return .done(stepAside(pamh, options))
+        case .escrowCapture(let pushed, let ticket):
+            return .done(escrowCapture(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
+        case .keyLogin(let pushed, let ticket):
+            return .done(keyLogin(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
+        case .push(let pushed, let password, let ticket):
+            return .done(passwordPush(user: pushed, password: password, ticket: ticket, expected: user, client: client, pamh: pamh, options: options))
+        default:
+            try? client.send(.cancel)
+            return .done(stepAside(pamh, options))
+        }
+    }
+    // A conversation that answers Enter every time (a program without a person): give up.
+    try? client.send(.cancel)
+    return .done(stepAside(pamh, options))
+}
+
+private let typedKey = "pam_boxkey_typed"
+
+/// `answer_prompt` after a typed password: the next module's hidden prompt is answered with it,
+/// until pam_end restores the conversation.
+private func keepTyped(_ password: [UInt8], on pamh: PAMHandle) {
+    guard let answer = PromptAnswer.install(on: pamh, password: password, answerFirst: true) else { return }
+    let stored = Unmanaged.passRetained(answer).toOpaque()
+    if pam_set_data(pamh.raw, typedKey, stored, typedCleanup) != PAM_SUCCESS {
+        answer.uninstall(from: pamh)
+        Unmanaged<PromptAnswer>.fromOpaque(stored).release()
+    }
+}
+
+private let typedCleanup: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?, Int32) -> Void = { raw, data, _ in
+    guard let data else { return }
+    let answer = Unmanaged<PromptAnswer>.fromOpaque(data).takeRetainedValue()
+    if let raw { answer.uninstall(from: PAMHandle(raw: raw)) }
+    answer.wipe()
+}
+
+/// Enters with nothing typed and no phone before the module leaves the prompt to the stack.
+private let maxEmptyEnters = 5
+
+/// The application's own words for the password: Linux-PAM's "Password: ", in its locale.
+private var passwordPrompt: String { Translator.foreign(domain: "Linux-PAM", "Password: ") }
+
+/// No phone here: step aside, having asked for the password when told to (ask_password).
+private func stepAside(_ pamh: PAMHandle, _ options: ModuleOptions) -> Int32 {
+    if options.askPassword {
+        var token: UnsafePointer<CChar>?
+        let rc = pam_get_authtok(pamh.raw, PAM_AUTHTOK, &token, nil)
+        if rc != PAM_SUCCESS, options.debug { pamh.log(LOG_DEBUG, "asking for the password: \(String(cString: pam_strerror(pamh.raw, rc)))") }
+    }
+    return options.unavailableCode
+}
+
+/// A pushed password: PAM_USER and PAM_AUTHTOK for the verifier after this module.
+private func passwordPush(user: String, password: [UInt8], ticket: String, expected: String, client: PAMSocketClient,
+                          pamh: PAMHandle, options: ModuleOptions) -> Int32 {
+    // Wipe the one buffer `reply` and `password` share, in place: a plain write would copy
+    // it first (copy on write) and wipe only the copy.
+    defer { password.withUnsafeBufferPointer { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } } }
+    if case .refused(let result) = claim(user, expected: expected, what: "push", client: client, pamh: pamh) { return result ?? stepAside(pamh, options) }
+    guard pamh.setItem(PAM_AUTHTOK, password) == PAM_SUCCESS else {
+        try? client.send(.reportOutcome(.rejected, reason: "the login stack failed"))
+        return PAM_SYSTEM_ERR
+    }
+    let pending = PendingLogin(client: client, debug: options.debug, raw: pamh.raw, ticket: ticket)
+    pending.answer = PromptAnswer.install(on: pamh, password: password, answerFirst: options.answerPrompt)
+    guard keep(pending, on: pamh) else { return PAM_SYSTEM_ERR }
+    pamh.log(LOG_INFO, "credentials received from a phone")
+    // PAM_IGNORE, not PAM_SUCCESS: the module's result never counts towards the stack's.
+    // Only the verifier after it decides, whatever the control lines around it say (with
+    // success=ok, a verifier whose failure the stack ignores would have let any pushed
+    // password in).
+    return PAM_IGNORE
 }
 
 /// Whether a key login or capture may take the prompt for `user`; `refused` carries what the

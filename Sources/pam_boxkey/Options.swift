@@ -1,10 +1,13 @@
 import BoxkeyPAMWire
+import CPAM
 
 /// Module arguments from the PAM configuration line (pam_boxkey(8)).
 struct ModuleOptions {
-    /// Seconds to wait for a push: default 30 (as pam_fprintd), clamped to 5...600 (a huge
-    /// value must not trap inside the host process).
-    var timeoutSeconds = 30
+    /// After Enter, the longest wait for a phone's push that is on its way (a proximity offer
+    /// just asked, a phone connected and not yet pushing): default 10, clamped to 5...600 (a
+    /// huge value must not trap inside the host process). Nobody waits for a phone that is not
+    /// coming: with none on its way Enter is answered at once.
+    var timeoutSeconds = 10
     var socket = PAMWire.defaultSocketPath
     var debug = false
     /// Return PAM_IGNORE instead of PAM_AUTHINFO_UNAVAIL when no push is used.
@@ -22,6 +25,9 @@ struct ModuleOptions {
     /// `[success=done ...]`. Without it a key login is refused here.
     var keyLogins = false
     var unknown: [String] = []
+
+    /// What the module returns when no push is used.
+    var unavailableCode: Int32 { ignoreUnavailable ? PAM_IGNORE : PAM_AUTHINFO_UNAVAIL }
 
     static let minimumTimeout = 5
     static let maximumTimeout = 600

@@ -1,3 +1,4 @@
+import BoxkeyL10n
 import CPAM
 import Glibc
 
@@ -31,11 +32,19 @@ struct PAMHandle {
 
     /// Asks the person through the application's conversation, input hidden
     /// (PAM_PROMPT_ECHO_OFF). The answer's bytes are the caller's to wipe; nil when the
-    /// conversation failed (the application has none, or the person cancelled).
-    func askHidden(_ text: String) -> [UInt8]? {
-        converse(PAM_PROMPT_ECHO_OFF, text) { response -> [UInt8]? in
-            guard let response else { return nil }
-            guard let answer = response.resp else { return [] }
+    /// conversation failed or gave no answer (the application has none, the person cancelled:
+    /// Ctrl-D at a terminal is no answer, never Enter).
+    func askHidden(_ text: String) -> [UInt8]? { ask(PAM_PROMPT_ECHO_OFF, text) }
+
+    /// Asks with the answer shown (PAM_PROMPT_ECHO_ON): a user name.
+    func askVisible(_ text: String) -> [UInt8]? { ask(PAM_PROMPT_ECHO_ON, text) }
+
+    /// The application's prompt for a user name (PAM_USER_PROMPT), else Linux-PAM's "login: ".
+    var userPrompt: String { item(PAM_USER_PROMPT) ?? (Translator.foreign(domain: "Linux-PAM", "login:") + " ") }
+
+    private func ask(_ style: Int32, _ text: String) -> [UInt8]? {
+        converse(style, text) { response -> [UInt8]? in
+            guard let response, let answer = response.resp else { return nil }
             let n = strlen(answer)
             defer { memset(answer, 0, n) }
             return [UInt8](UnsafeRawBufferPointer(start: answer, count: n))

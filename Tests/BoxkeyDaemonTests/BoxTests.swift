@@ -22,7 +22,12 @@ final class RecordedSessions: SessionControl {
     func sessions(ofUID uid: UInt32) async throws -> [LoginSession] {
         known.withLockedValue { $0.values.filter { $0.uid == uid }.sorted { $0.id < $1.id } }
     }
-    func lock(session: String) async throws { calls.withLockedValue { $0.append("lock \(session)") } }
+    /// As logind with the session's locker: a desktop says it is locked (LockedHint), a text
+    /// console (type tty) does not.
+    func lock(session: String) async throws {
+        calls.withLockedValue { $0.append("lock \(session)") }
+        known.withLockedValue { if let s = $0[session], s.type != "tty" { $0[session]!.locked = true } }
+    }
     func unlock(session: String) async throws { calls.withLockedValue { $0.append("unlock \(session)") } }
     func terminate(session: String) async throws { calls.withLockedValue { $0.append("terminate \(session)") } }
 }
@@ -84,7 +89,7 @@ struct BoxHarness {
         let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)", user: user == "alice" ? "" : user)
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-        async let reply = box.awaitPush(prompt)
+        async let reply = box.take(prompt, wait: .seconds(10))
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: "pw"), deviceName: "honest")))
         guard let pushed = await reply.pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
         #expect(pushed == user)

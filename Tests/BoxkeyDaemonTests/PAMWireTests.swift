@@ -32,12 +32,14 @@ import Testing
     }
 }
 
-@Suite struct ProximityWireTests {
-    @Test func anOfferAndTheIntentRoundTripAndTheIntentOnlyWhileWaiting() throws {
-        let offer = PAMReply.offer(user: "alice")
-        #expect(try PAMReply.decode(Array(offer.encode().dropFirst(2))) == offer)
-        #expect(offer.pushedUser == "alice")
-        #expect(throws: PAMWire.DecodeError.invalidText) { try PAMReply.decode(Array(PAMReply.offer(user: "").encode().dropFirst(2))) }
+@Suite struct EnterWireTests {
+    @Test func enterAndItsAnswersRoundTripAndEnterOnlyWhileThePromptIsOpen() throws {
+        for reason in [PAMReply.NoPushReason.nothingYet, .timedOut, .superseded, .shuttingDown] {
+            #expect(try PAMReply.decode(Array(PAMReply.noPush(reason).encode().dropFirst(2))) == .noPush(reason))
+        }
+        #expect(throws: PAMWire.DecodeError.invalidValue(4)) { try PAMReply.decode([PAMWire.version, 0x83, 4]) }
+        // A module of the version before (it waited for the push before any prompt) is refused whole.
+        #expect(throws: PAMWire.DecodeError.unsupportedVersion(2)) { try PAMRequest.decode([2, 0x08]) }
         #expect(try PAMRequest.decode(Array(PAMRequest.intent.encode().dropFirst(2))) == .intent)
         #expect(PAMConnectionState.waiting.next(on: .intent) == .waiting)
         for state in [PAMConnectionState.fresh, .pushed, .done] { #expect(state.next(on: .intent) == nil) }

@@ -51,11 +51,11 @@ struct PolicyTests {
     @Test func aPushGoesOnlyToTheOnePromptThatMayTakeIt() {
         var t = PromptTable()
         #expect(t.choose(for: "alice") == .none)
-        let (locker, _) = t.add(request("swaylock", tty: "", user: "bob"), owner: nil, deadline: .seconds(30))
+        let (locker, _) = t.add(request("swaylock", tty: "", user: "bob"), owner: nil)
         t[locker]!.waiting = true
         #expect(t.choose(for: "alice") == .otherUser)
         #expect(t.choose(for: "bob") == .prompt(locker))
-        let (greeter, _) = t.add(request("lightdm", tty: ":0"), owner: nil, deadline: .seconds(30))
+        let (greeter, _) = t.add(request("lightdm", tty: ":0"), owner: nil)
         t[greeter]!.waiting = true
         #expect(t.choose(for: "alice") == .prompt(greeter))
         // bob's push could now reach his locker or the greeter: the box does not guess.
@@ -65,9 +65,9 @@ struct PolicyTests {
 
     @Test func aNewPromptOnTheSameTerminalSupersedesTheOld() {
         var t = PromptTable()
-        let (first, _) = t.add(request("login", tty: "tty1"), owner: nil, deadline: .seconds(30))
+        let (first, _) = t.add(request("login", tty: "tty1"), owner: nil)
         t[first]!.waiting = true
-        let (_, superseded) = t.add(request("login", tty: "tty1"), owner: nil, deadline: .seconds(30))
+        let (_, superseded) = t.add(request("login", tty: "tty1"), owner: nil)
         #expect(superseded == [first])
     }
 

@@ -168,6 +168,15 @@ ret = dbus.ObjectPath('/org/freedesktop/login1/session/' + session)
 """
 
 
+# LockSession as logind with the session's locker: a session whose Type is not tty (a desktop
+# whose locker follows logind's Lock signal) says it is locked (LockedHint); a text console does not.
+LOCK_SESSION = """\
+session = objects.get('/org/freedesktop/login1/session/' + args[0])
+if session is not None and session.Get('org.freedesktop.login1.Session', 'Type') != 'tty':
+    session.Set('org.freedesktop.login1.Session', 'LockedHint', dbus.Boolean(True))
+"""
+
+
 class Logind:
     """A private dbus-daemon with dbusmock's logind template, plus GetSessionByPID; `calls()`
     reads its call log ('LockSession "42"', 'TerminateSession "42"', ...)."""
@@ -205,11 +214,15 @@ class Logind:
         self.manager = self.connection.get_object(self.BUS_NAME, self.PATH)
         self.manager.AddMethod("org.freedesktop.login1.Manager", "GetSessionByPID", "u", "o", GET_SESSION_BY_PID,
                                dbus_interface=self.MOCK)
+        self.manager.AddMethod("org.freedesktop.login1.Manager", "LockSession", "s", "", LOCK_SESSION, dbus_interface=self.MOCK)
 
-    def add_session(self, id, uid, user, seat="seat0", remote=False, locked=False, tty="", display="", service=""):
-        """A logind session. A remote one (sshd's) has Remote=true, no seat and a remote host."""
+    def add_session(self, id, uid, user, seat="seat0", remote=False, locked=False, tty="", display="", service="", locker=True):
+        """A logind session. A remote one (sshd's) has Remote=true, no seat and a remote host.
+        With a locker (a desktop whose locker follows logind) LockSession sets its LockedHint;
+        without one (Type tty: a text console) nothing does."""
         self.manager.AddSession(id, seat, dbus.UInt32(uid), user, True, dbus_interface=self.MOCK)
-        props = {"TTY": tty, "Display": display, "LockedHint": dbus.Boolean(locked), "Service": service}
+        props = {"TTY": tty, "Display": display, "LockedHint": dbus.Boolean(locked), "Service": service,
+                 "Type": "x11" if locker else "tty"}
         if remote:
             props.update(Remote=dbus.Boolean(True), RemoteHost="203.0.113.9", TTY=tty or "pts/0",
                          Seat=dbus.Struct(("", dbus.ObjectPath("/")), signature="so"))
@@ -235,22 +248,41 @@ class Logind:
             stop_process(self.bus)
 
 
+# greeter(stdin=PERSON): a person sits at the prompt and presses Enter once a phone's push waits
+# there (the box says so in its log), as someone who pushed from the phone at the box would.
+PERSON = object()
+
+
 class Prompt:
     """A running pamtester: its output is collected as it comes (stdbuf makes pamtester's stdout
     line-buffered; prompts go to unbuffered stderr), its input can be typed later."""
 
-    def __init__(self, process, stdin):
+    def __init__(self, process, stdin, box_output=None):
         self.process = process
         self.pid = process.pid
         self._out = bytearray()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        if stdin is not None:
+        self.enters = 0
+        if stdin is PERSON:
+            threading.Thread(target=self._press_enter_on_hold, args=(box_output,), daemon=True).start()
+        elif stdin is not None:
             try:
                 self.type(stdin)
             except BrokenPipeError:
                 pass
             self.close_input()
+
+    def _press_enter_on_hold(self, box_output):
+        held = f"(pid {self.pid}): waiting"
+        while self.process.poll() is None and not self.process.stdin.closed:
+            if box_output().count(held) > self.enters:
+                self.enters += 1
+                try:
+                    self.type("\n")
+                except (BrokenPipeError, ValueError):
+                    return
+            time.sleep(0.02)
 
     def _read(self):
         while chunk := os.read(self.process.stdout.fileno(), 4096):
@@ -262,6 +294,12 @@ class Prompt:
     def type(self, text):
         self.process.stdin.write(text.encode())
         self.process.stdin.flush()
+
+    def type_at_prompt(self, n, text, prompt="Password:"):
+        """Types `text` once the `n`th `prompt` is on the screen (a terminal program flushes what
+        was typed before its prompt)."""
+        wait_for(lambda: self.text().count(prompt) >= n, what=f"prompt {n} ({prompt})")
+        self.type(text)
 
     def close_input(self):
         if not self.process.stdin.closed:
@@ -531,14 +569,15 @@ class World:
         return dict(self.env, PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=service_dir or os.path.join(self.work, "pam.d"),
                     **dict(self.nss, LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so"))
 
-    def greeter(self, *operations, stdin="", user="alice", service="boxkey-test", tty="tty1", rhost=None,
+    def greeter(self, *operations, stdin=PERSON, user="alice", service="boxkey-test", tty="tty1", rhost=None,
                 session="42", logind_session=None, env=None, auth=None, wait=True):
         """A login prompt: pamtester in its own copy of the test PAM stack. tty and rhost are its
         PAM items; session is the XDG_SESSION_ID its session stack puts in the PAM environment;
         logind_session is what logind's GetSessionByPID says about it (None: no session, as a
         display manager or getty); env is added to its process environment. stdin is written and
-        closed at once; None keeps it open for Prompt.type(). Unless wait=False, returns once the
-        daemon sees the prompt waiting."""
+        closed at once (what the person types, "" for Ctrl-D); None keeps it open for
+        Prompt.type(); PERSON presses Enter whenever a push waits at this prompt. Unless
+        wait=False, returns once the daemon sees the prompt waiting."""
         self.prompts += 1
         directory = os.path.join(self.work, f"pam-{self.prompts}")
         os.makedirs(directory)
@@ -553,7 +592,7 @@ class World:
         before = self.box_output().count("login prompt waiting")
         p = subprocess.Popen(["stdbuf", "-oL", "pamtester", "-v", *items, service, user, *(operations or ("authenticate",))],
                              env=process_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        prompt = Prompt(p, stdin)
+        prompt = Prompt(p, stdin, self.box_output)
         self.processes.append(p)
         if wait:
             wait_for(lambda: self.box_output().count("login prompt waiting") > before, what="the login prompt")

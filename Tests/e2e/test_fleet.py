@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import PASSWORD, wait_for
+from conftest import PERSON, PASSWORD, wait_for
 from slapd import ADMIN_DN, PEOPLE, USER_PASSWORD, Slapd
 
 REFRESH_S = 5
@@ -41,9 +41,7 @@ def become(world, box_id):
 
 def phone_login(world, box_id, typed=None):
     """A login prompt at the World's box and `boxkey login <box_id>`: (phone, prompt) results."""
-    if typed is not None:
-        world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter("authenticate", stdin=(typed + "\n") if typed is not None else "")
+    greeter = world.greeter("authenticate", stdin=(typed + "\n") if typed is not None else PERSON)
     r = world.phone("login", box_id, "--no-stay")
     return r, world.finish(greeter)
 

@@ -13,8 +13,9 @@ import pytest
 from conftest import PASSWORD, wait_for
 
 
-def key_stack(world, options="timeout=20 key"):
-    """The key-mode PAM line (`sufficient`: the module's success ends auth), then the password."""
+def key_stack(world, options="timeout=20 key answer_prompt"):
+    """The key-mode PAM line (`sufficient`: the module's success ends auth), then the password
+    (pam_matrix always asks: answer_prompt hands it what was typed, as try_first_pass would)."""
     return [f"auth sufficient {world.bins['module']} socket={world.socket} {options}", world.matrix_line()]
 
 
@@ -28,10 +29,10 @@ def enrol_key_only(world, enrol=True):
 
 def refused_login(world, phone_says, stack=None, typed=PASSWORD):
     """A phone login the box refuses: the phone says `phone_says`, and the prompt (the World's
-    stack with a 5 s wait, unless `stack`) still takes the password typed at the keyboard."""
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(auth=stack, stdin=typed + "\n")
+    stack unless `stack`) still takes the password typed at the keyboard."""
+    greeter = world.greeter(auth=stack, stdin=None)
     r = world.phone("login", "--no-stay")
+    greeter.type(typed + "\n")
     code, out = world.finish(greeter)
     assert r.returncode != 0 and phone_says in r.stderr, r.stdout + r.stderr
     assert code == 0 and "successfully authenticated" in out, out
@@ -48,7 +49,7 @@ def test_key_mode_logs_in_with_no_password_anywhere(world):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Logged in to box 4821 as alice" in r.stdout
     assert code == 0 and "successfully authenticated" in out, out
-    assert "Password:" not in out  # pam_matrix never ran: nobody typed or pushed a password
+    assert out.count("Password:") == 1, out  # the module's own, answered with Enter; pam_matrix never ran
     box = world.box_output()
     assert "key login attempt: phone" in box and "login accepted" in box
     # The session opened is bound to the phone, as after a password push.
@@ -87,16 +88,21 @@ def test_a_pam_line_without_the_key_option_refuses_a_key_login(world):
     world.settings["login"] = {"mode": "key", "key_services": ["boxkey-test"]}
     world.start_box()
     enrol_key_only(world)
-    greeter = world.greeter(stdin=PASSWORD + "\n", auth=key_stack(world, options="timeout=20"))
-    r = world.phone("login", "--no-stay")
+    greeter = world.greeter(stdin=None, auth=key_stack(world, options="timeout=20 answer_prompt"))
+    phone = world.phone_background("login", "--no-stay")
+    wait_for(lambda: "push held at" in world.box_output(), what="the key login at the prompt")
+    greeter.type_at_prompt(1, "\n")  # Enter takes the key login, which this line refuses
+    greeter.type_at_prompt(2, PASSWORD + "\n")
     code, out = world.finish(greeter)
+    phone.wait(20)
+    r = subprocess.CompletedProcess(phone.args, phone.returncode, "", open(phone.log).read())
     assert r.returncode != 0 and "does not take key logins" in r.stderr, r.stdout + r.stderr
     assert code == 0 and "successfully authenticated" in out, out  # the typed password, after the refusal
     assert "login rejected" in world.box_output()
 
 
 def refused_key_login(world, phone_says):
-    refused_login(world, phone_says, stack=key_stack(world, options="timeout=5 key"))
+    refused_login(world, phone_says, stack=key_stack(world, options="timeout=5 key answer_prompt"))
 
 
 def test_a_service_outside_key_services_refuses_a_key_login(world):
@@ -146,11 +152,18 @@ def sealed_records(world):
 
 
 def capture(world, password=PASSWORD):
-    """The first escrow login: the phone asks, the person types the password at the box."""
-    greeter = world.greeter("authenticate", "acct_mgmt", "open_session", stdin=password + "\n")
-    r = world.phone("login", "--no-stay")
+    """The first escrow login: the phone pushes, the person presses Enter at the box and types
+    the password there."""
+    greeter = world.greeter("authenticate", "acct_mgmt", "open_session", stdin=None)
+    held = f"(pid {greeter.pid}): waiting"
+    phone = world.phone_background("login", "--no-stay")
+    wait_for(lambda: held in world.box_output(), what="the push at the prompt")
+    greeter.type("\n")
+    greeter.type_at_prompt(2, password + "\n")
     code, out = world.finish(greeter)
-    return r, code, out
+    phone.wait(30)
+    said = open(phone.log).read()
+    return subprocess.CompletedProcess(phone.args, phone.returncode, said, said), code, out
 
 
 def set_password(world, user, password):
@@ -196,15 +209,13 @@ def test_a_changed_password_destroys_the_sealed_copy_and_is_picked_up_at_the_nex
     r, code, _ = capture(world)
     assert r.returncode == 0 and code == 0, r.stderr
     set_password(world, "alice", "a new horse")
-    world.module_options = "timeout=5 answer_prompt"
-    greeter = world.greeter(stdin="a new horse\n")
+    greeter = world.greeter()
     r = world.phone("login", "--no-stay")
     code, out = world.finish(greeter)
     assert r.returncode != 0 and "sealed password was not accepted" in r.stderr, r.stdout + r.stderr
     assert sealed_records(world) == []
     assert "refuses the sealed password too" in world.box_output()
     # The next login with the phone near asks for the new password and seals it.
-    world.module_options = "timeout=20 answer_prompt"
     r, code, out = capture(world, "a new horse")
     assert r.returncode == 0 and code == 0, r.stdout + r.stderr + out
     assert len(sealed_records(world)) == 1
@@ -270,9 +281,9 @@ def proximity_agent(world):
 
 
 def offer_shown(world):
-    """A prompt that waits with its input open, once the near phone's offer is on it."""
+    """A prompt with its input open, once the near phone's offer waits there for Enter."""
     greeter = world.greeter(stdin=None)
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    wait_for(lambda: f"(pid {greeter.pid}); waiting for Enter there" in world.box_output(), timeout=20, what="the offer at the prompt")
     return greeter
 
 
@@ -304,7 +315,7 @@ def test_proximity_login_waits_for_enter_at_the_box(world, proximity_agent):
     assert "proximity offer" not in world.box_output(), "offered from 5 m"
     world.phone("sim", "move", "1")
     moved = time.monotonic()
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the prompt to ask", interval=0.05)
+    wait_for(lambda: "proximity offer: phone" in world.box_output(), timeout=20, what="the offer at the prompt", interval=0.05)
     offered = time.monotonic() - moved
     assert "proximity offer: phone" in world.box_output()
     # Near and offered, but nobody pressed Enter: no login, however long the phone waits.
@@ -327,9 +338,9 @@ def test_proximity_is_off_unless_the_box_allows_it(world, proximity_agent):
     world.start_box()  # [login] proximity defaults to false
     world.pair_and_store()
     proximity_agent("--sim-position", "1")
-    world.module_options = "timeout=8 answer_prompt"
-    greeter = world.greeter(stdin=PASSWORD + "\n")
+    greeter = world.greeter(stdin=None)
     wait_for(lambda: "refused proximity offer" in world.box_output(), timeout=20, what="the refused offer")
+    greeter.type(PASSWORD + "\n")
     code, out = world.finish(greeter)
     assert code == 0 and "phone is near" not in out, out  # the typed password, never the offer
     assert "proximity login is off" in world.box_output()
@@ -346,7 +357,7 @@ def test_a_password_typed_at_an_offer_is_the_persons(world, proximity_agent):
     verifier = os.path.join(world.work, "pam_first_pass_only.so")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", verifier, os.path.join(os.path.dirname(__file__), "pam_first_pass_only.c"), "-lpam"], check=True)
     greeter = world.greeter(stdin=None, auth=[world.module_line(), f"auth required {verifier} [password={PASSWORD}]"])
-    wait_for(lambda: "phone is near — press Enter" in greeter.text(), timeout=20, what="the offer at the prompt")
+    wait_for(lambda: "proximity offer: phone" in world.box_output(), timeout=20, what="the offer at the prompt")
     greeter.type(PASSWORD + "\n")
     code, out = world.finish(greeter)
     assert code == 0, out
@@ -380,7 +391,8 @@ def test_enter_after_the_offering_phone_left_brings_the_password_prompt_at_once(
     assert world.phone("agent", "stop", timeout=20).returncode == 0
     wait_for(lambda: "left while its proximity offer was on the screen" in world.box_output(), timeout=10, what="the box to see the phone go")
     start = time.monotonic()
-    greeter.type("\n" + PASSWORD + "\n")  # Enter at the offer, then the password prompt's answer
+    greeter.type("\n")  # Enter at the offer: no phone now, and the prompt asks again at once
+    greeter.type_at_prompt(2, PASSWORD + "\n")
     code, out = world.finish(greeter)
     assert code == 0 and "successfully authenticated" in out, out
     assert time.monotonic() - start < 5, "waited for a push that could not come"
@@ -425,9 +437,11 @@ def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
         f.write("auth required pam_exec.so quiet /bin/sleep 3\n" + verify)
     world.start_box()
     enrol_escrow(world)
-    greeter = world.greeter("authenticate", stdin=PASSWORD + "\n")
+    greeter = world.greeter("authenticate", stdin=None)
     phone = world.phone_background("login", "--no-stay")
     wait_for(lambda: "escrow capture attempt" in world.box_output(), timeout=20, what="the capture")
+    greeter.type_at_prompt(1, "\n")
+    greeter.type_at_prompt(2, PASSWORD + "\n")
     time.sleep(1.5)  # the stack has accepted; the box's own check sleeps
     fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
     assert world.admin("phones", "revoke", fingerprint).returncode == 0
@@ -447,7 +461,8 @@ def test_turning_proximity_off_withdraws_an_offer_on_the_screen(world, proximity
     world.config()
     os.kill(world.box_process.pid, signal.SIGHUP)
     wait_for(lambda: re.search(r"reloaded the configuration: changed .*proximity", world.box_output()), what="the reload")
-    greeter.type("\n" + PASSWORD + "\n")
+    greeter.type("\n")
+    greeter.type_at_prompt(2, PASSWORD + "\n")
     code, out = world.finish(greeter)
     assert code == 0 and "successfully authenticated" in out, out
     assert "proximity intent" not in world.box_output() and "login accepted" not in world.box_output()

@@ -1,6 +1,7 @@
 """The PAM module itself: exports, speed when the daemon is absent, remote sessions, and
 1000 transactions in one process. The "boxkey-only" service is in the World's [pam] services,
 and pam_cycles gives the prompts the local tty1 unless a test says otherwise."""
+import json
 import os
 import re
 import socket
@@ -52,11 +53,16 @@ def test_remote_sessions_are_not_offered_phone_login(world):
     assert "login prompt waiting" not in world.box_output()
 
 
-def test_module_gives_up_at_its_timeout(world):
+def test_a_conversation_that_gives_no_answer_is_never_waited_on(world):
+    """pam_cycles' conversation answers every prompt with nothing (no response string): the
+    module's prompt ends there, as a cancelled one (PAM_CONV_ERR), and the prompt is closed at
+    the box. Nothing waits for a phone."""
     world.start_box()
     stack(world, f"socket={world.socket} timeout=5")
-    r = cycles(world, 1, "", "tty1")
-    assert r["rc"] == 9 and 4900 <= r["max_ms"] < 6500, r
+    r = cycles(world, 3, "", "tty1")
+    assert r["rc"] == 19 and r["max_ms"] < 500, r  # PAM_CONV_ERR
+    assert world.box_output().count("login prompt waiting") == 3
+    assert json.loads(world.admin("status", "--json").stdout)["prompts"] == []
 
 
 def test_pam_socket_refuses_other_users(world):

@@ -187,12 +187,17 @@ def test_keyboard_password_gives_the_phone_no_credit(world):
     world.start_box()
     world.pair_and_store(password="wrong horse", enrol=False)
     # The pushed (wrong) password goes to the first pam_matrix; the second asks the keyboard.
-    prompt = world.greeter(stdin=PASSWORD + "\n",
-                           auth=[world.module_line(), world.matrix_line("sufficient"), world.matrix_line()])
-    r = world.phone("login", timeout=40)  # staying: a credited phone would keep a presence link
+    prompt = world.greeter(stdin=None, auth=[world.module_line(), world.matrix_line("sufficient"), world.matrix_line()])
+    phone = world.phone_background("login")  # staying: a credited phone would keep a presence link
+    wait_for(lambda: "push held at" in world.box_output(), what="the push at the prompt")
+    prompt.type("\n")
+    wait_for(lambda: prompt.text().count("Password:") == 2, what="the second verifier's prompt")
+    prompt.type(PASSWORD + "\n")
     code, out = world.finish(prompt)
+    phone.wait(40)
+    said = open(phone.log).read()
     assert code == 0, out  # the human at the keyboard logged in
-    assert r.returncode == 2 and "not the one this phone pushed" in r.stderr, r.stdout + r.stderr
+    assert phone.returncode == 2 and "not the one this phone pushed" in said, said
     assert "login completed without the phone's password" in world.box_output()
     assert not re.search(FINGERPRINT + "  alice", world.admin("phones", "list").stdout)
 

@@ -18,6 +18,7 @@ public enum AppMessage: Sendable {
     case pair                             // phone -> box, after a pairing handshake: enrol this key
     case offer(ProximityOffer)            // phone -> box: near, and ready to log `user` in once the person says so
     case intent                           // box -> phone: the person asked at the box (Enter): push now
+    case awaitingEnter(EnterWait)         // box -> phone: the push waits at a prompt for Enter there
 
     public enum MessageType: UInt8, Sendable, CaseIterable {
         case credentialPush = 0x01
@@ -32,6 +33,7 @@ public enum AppMessage: Sendable {
         case pair = 0x0a
         case offer = 0x0b
         case intent = 0x0c
+        case awaitingEnter = 0x0d
     }
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -59,6 +61,7 @@ public enum AppMessage: Sendable {
         case .pair: .pair
         case .offer: .offer
         case .intent: .intent
+        case .awaitingEnter: .awaitingEnter
         }
     }
 
@@ -94,6 +97,9 @@ public enum AppMessage: Sendable {
         case .offer(let offer):
             writer.shortText(offer.user)
             writer.shortText(offer.deviceName)
+        case .awaitingEnter(let wait):
+            writer.u8(UInt8(wait.seconds >> 8)); writer.u8(UInt8(wait.seconds & 0xff))
+            writer.shortText(wait.place)
         case .lock, .logout, .attach, .keepalive, .detach, .pair, .intent:
             break
         }
@@ -154,6 +160,10 @@ public enum AppMessage: Sendable {
             guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
             let name = try reader.shortText(field: "deviceName", limit: CredentialPush.maxDeviceNameLength)
             message = .offer(ProximityOffer(user: user, deviceName: name))
+        case .awaitingEnter:
+            let seconds = UInt16(try reader.u8()) << 8 | UInt16(try reader.u8())
+            let place = try reader.shortText(field: "place", limit: EnterWait.maxPlaceLength)
+            message = .awaitingEnter(EnterWait(seconds: seconds, place: place))
         }
         guard reader.atEnd else { throw .trailingBytes(type) }
         return message
@@ -171,6 +181,22 @@ public struct ProximityOffer: Sendable, Equatable {
     public init(user: String, deviceName: String) {
         self.user = user
         self.deviceName = deviceName
+    }
+}
+
+/// The box holds a push at the prompt it went to until someone presses Enter there, for at
+/// most `seconds`: a login program's conversation cannot take it while its password prompt is
+/// on the screen (docs/login-programs.md).
+///
+///     0        seconds (BE, 2 bytes)
+///     +2       place length (0..128), then the place ("login on tty1")
+public struct EnterWait: Sendable, Equatable {
+    public static let maxPlaceLength = 128
+    public let seconds: UInt16
+    public let place: String
+    public init(seconds: UInt16, place: String) {
+        self.seconds = seconds
+        self.place = String(place.utf8.count <= Self.maxPlaceLength ? place : String(decoding: place.utf8.prefix(Self.maxPlaceLength), as: UTF8.self))
     }
 }
 
@@ -322,6 +348,7 @@ extension AppMessage: Equatable {
             return x.user == y.user && x.deviceName == y.deviceName && x.password.isEqual(to: y.password)
         case let (.loginResult(x), .loginResult(y)): return x == y
         case let (.actionResult(x), .actionResult(y)): return x == y
+        case let (.awaitingEnter(x), .awaitingEnter(y)): return x == y
         case let (.error(x), .error(y)): return x == y
         case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive), (.detach, .detach): return true
         default: return false

@@ -116,6 +116,14 @@ public struct BoxConnection {
         return out
     }
 
+    /// The push waits at a prompt for Enter there: the phone hears where, and for how long.
+    public mutating func holdLogin(_ wait: EnterWait) -> Output {
+        guard state == .verifying else { return Output() }
+        var out = Output()
+        out.replies = seal(.awaitingEnter(wait))
+        return out
+    }
+
     /// The person asked at the box: the offering phone pushes now (within the command timeout).
     public mutating func giveIntent(now: Duration) -> Output {
         guard let next = state.onIntent else { return Output() }
@@ -242,7 +250,7 @@ public struct BoxConnection {
         case .keepalive: out.replies = seal(.keepalive); out.request = .keepalive
         case .error(let e): close(); out.request = .close(reason: .peerError(e))
         case .detach: close(); out.request = .close(reason: .detached)
-        case .loginResult, .actionResult, .intent: break   // excluded by the state table
+        case .loginResult, .actionResult, .intent, .awaitingEnter: break   // excluded by the state table
         }
         return out
     }

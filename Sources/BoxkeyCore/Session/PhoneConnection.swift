@@ -25,6 +25,8 @@ public struct PhoneConnection {
         case keepalive
         /// The person asked at the box: push now.
         case intent
+        /// The push waits at the box's prompt for Enter there.
+        case awaitingEnter(EnterWait)
     }
 
     public private(set) var state: PhoneSessionState = .idle
@@ -149,6 +151,7 @@ public struct PhoneConnection {
             case .actionResult(let r): return .actionResult(r)
             case .keepalive: return .keepalive
             case .intent: return .intent
+            case .awaitingEnter(let w): return .awaitingEnter(w)
             case .error(let e): close(); throw .boxError(e)
             default: close(); throw .unexpected("box sent \(message.type)")
             }

@@ -70,6 +70,7 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     idle --send msg 1--> awaitingHandshakeResponse --msg 2 ok--> ready
 ///     ready --credentialPush--> awaitingLoginResult --accepted--> present
 ///                                                    --otherwise--> closed
+///     awaitingLoginResult --awaitingEnter--> awaitingLoginResult (the push waits for Enter)
 ///     ready --offer--> awaitingIntent --intent--> ready (then the push)
 ///                                     --loginResult (refused)--> closed
 ///     ready | present --lock | logout | attach--> awaitingActionResult(action)
@@ -108,6 +109,7 @@ public enum PhoneSessionState: Equatable, Sendable {
     public func next(onBox message: AppMessage) -> PhoneSessionState? {
         switch (self, message) {
         case (.awaitingLoginResult, .loginResult(let r)): return r.outcome == .accepted ? .present : .closed
+        case (.awaitingLoginResult, .awaitingEnter): return .awaitingLoginResult
         case (.awaitingIntent, .intent): return .ready
         case (.awaitingIntent, .loginResult): return .closed
         case (.awaitingActionResult(let a), .actionResult(let r)) where r.action == a:

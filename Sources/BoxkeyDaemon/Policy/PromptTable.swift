@@ -2,26 +2,44 @@ import BoxkeyCore
 import BoxkeyPAMWire
 import BoxkeyRadio
 
-/// The login prompts waiting for a push, and which of them a push may go to. Pure: no timers,
-/// no continuations (the box keeps those).
+/// The login prompts open for phone login, and which of them a push may go to. Pure: no
+/// timers, no continuations (the box keeps those).
+///
+/// A prompt is open from the module's `waitForPush` until its connection ends: the module asks
+/// the person for the password at once, and a push for the prompt waits here (`held`) until
+/// the person presses Enter there (`intent`), which delivers it.
 public struct PromptTable: Sendable {
     public struct Prompt: Sendable {
         public var id: UInt64
         public var request: PAMRequest.WaitRequest
         /// The logind session of the process that asked, when it has one (a screen locker).
         public var owner: LoginSession?
-        public var deadline: Duration
-        /// True once the module waits for the push (the box holds its continuation).
-        public var waiting = false
+        /// The process that asked (SO_PEERCRED), for the log.
+        public var pid: Int32 = 0
+        /// When the current step ends: a held push, an offer, an Enter waiting for a phone, a
+        /// delivered push's verdict. nil: open, nothing to wait for.
+        public var deadline: Duration?
+        /// Open and free: no push held or delivered, no offer on it. Only such a prompt takes a
+        /// push (or an offer).
+        public var waiting = true
         /// Set once a push went to this prompt: whose it was, for the outcome relay.
         public var verifying: Verifying?
+        /// The push (key login, escrow capture) waiting for Enter at this prompt.
+        public var held: PromptAnswer?
+        /// The module has the push: the stack is verifying it.
+        public var delivered = false
+        /// Enter was pressed and the module waits for a phone on its way (the box holds its
+        /// continuation).
+        public var entered = false
         /// A proximity offer shown at this prompt: only that phone may push here, for that
         /// user, and only after the person asked (`intent`).
         public var offer: Offer?
 
         /// "lightdm on seat0 :0", "login on tty2": what the phone prints.
         public var description: String {
-            let place = owner?.place ?? [request.tty, request.display].filter { !$0.isEmpty }.joined(separator: " ")
+            // shadow's login gives PAM_TTY as a path ("/dev/tty1"); LightDM gives the display as both.
+            let tty = request.tty.hasPrefix("/dev/") ? String(request.tty.dropFirst(5)) : request.tty
+            let place = owner?.place ?? (tty == request.display ? [tty] : [tty, request.display]).filter { !$0.isEmpty }.joined(separator: " ")
             return place.isEmpty ? request.service : "\(request.service) on \(place)"
         }
     }
@@ -73,12 +91,12 @@ public struct PromptTable: Sendable {
 
     public init() {}
 
-    public mutating func add(_ request: PAMRequest.WaitRequest, owner: LoginSession?, deadline: Duration) -> (id: UInt64, superseded: [UInt64]) {
+    public mutating func add(_ request: PAMRequest.WaitRequest, owner: LoginSession?, pid: Int32 = 0) -> (id: UInt64, superseded: [UInt64]) {
         // A new prompt on the same terminal replaces the old one (the greeter restarted).
-        let superseded = prompts.values.filter { $0.waiting && $0.request.service == request.service && $0.request.tty == request.tty
+        let superseded = prompts.values.filter { !$0.delivered && $0.request.service == request.service && $0.request.tty == request.tty
                                                  && $0.request.display == request.display }.map(\.id)
         nextID += 1
-        prompts[nextID] = Prompt(id: nextID, request: request, owner: owner, deadline: deadline)
+        prompts[nextID] = Prompt(id: nextID, request: request, owner: owner, pid: pid)
         return (nextID, superseded)
     }
 
@@ -87,10 +105,11 @@ public struct PromptTable: Sendable {
         set { prompts[id] = newValue }
     }
 
+    /// The open prompts free for a push.
     public var waiting: [Prompt] { prompts.values.filter(\.waiting).sorted { $0.id < $1.id } }
 
-    /// Which prompt a push for `user` goes to: the only waiting prompt that may log in that
-    /// user — a greeter (no expected user) or that user's own locker.
+    /// Which prompt a push for `user` goes to: the only open, free prompt that may log in that
+    /// user — a greeter (no expected user), a console login for that user, that user's locker.
     public func choose(for user: String) -> Choice {
         let open = waiting
         guard !open.isEmpty else { return .none }

@@ -1,0 +1,136 @@
+import BoxkeyCore
+@testable import BoxkeyDaemon
+import BoxkeyPAMWire
+@testable import BoxkeyPhone
+import BoxkeyRadio
+import Testing
+
+/// A prompt is open while the program asks for the password; a phone's push waits there for
+/// Enter (`Box.take`), and nothing waits for a phone that is not coming.
+@Suite(.serialized) struct EnterTests {
+    /// An enrolled phone connected to the box, its push sent; returns the link.
+    func push(_ h: BoxHarness, _ n: UInt8 = 0x31, user: String = "alice", password: String = "pw") async throws -> BoxLink {
+        let (identity, central) = await h.phone(n, enrolledFor: user)
+        let key = h.box.identity.keyPair.publicKey
+        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "test")))
+        return link
+    }
+
+    @Test func aPushWaitsForEnterAndThePhoneHearsWhere() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let prompt = try await h.prompt(tty: "/dev/tty3")
+            let link = try await push(h)
+            guard case .awaitingEnter(let wait) = try await link.next(timeout: .seconds(5)) else { Issue.record("no awaitingEnter"); return }
+            #expect(wait.place == "login on tty3")
+            #expect(wait.seconds == 30)
+            // Held, not delivered: the stack has nothing yet, and no other push takes the prompt.
+            #expect(await h.box.hasPush(prompt) == false)
+            guard case .push(let user, let password, _) = await h.box.take(prompt, wait: .seconds(5)) else { Issue.record("Enter found no push"); return }
+            #expect(user == "alice")
+            #expect(password.isEqual(to: SecureBytes(utf8: "pw")))
+            #expect(await h.box.hasPush(prompt))
+            await h.box.report(prompt, .accepted, reason: "")
+            guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
+            #expect(result.outcome == .accepted)
+            await link.close()
+        }
+    }
+
+    @Test func enterWithNoPhoneIsAnsweredAtOnceAndThePromptStaysOpen() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let prompt = try await h.prompt()
+            let start = ContinuousClock.now
+            guard case .noPush(.nothingYet) = await h.box.take(prompt, wait: .seconds(10)) else { Issue.record("Enter waited"); return }
+            #expect(ContinuousClock.now - start < .milliseconds(100))
+            // Still open: the phone's push after that Enter waits for the next one.
+            let link = try await push(h)
+            guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            #expect(await h.box.take(prompt, wait: .seconds(5)).pushedUser == "alice")
+            await h.box.report(prompt, .accepted, reason: "")
+            await link.close()
+        }
+    }
+
+    @Test func enterWhileAPhoneIsConnectedWaitsForItsPush() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let prompt = try await h.prompt()
+            let (identity, central) = await h.phone(0x32, enrolledFor: "alice")
+            let key = h.box.identity.keyPair.publicKey
+            let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+            let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+            // Enter first; the phone, already connected, pushes a moment later.
+            async let answer = h.box.take(prompt, wait: .seconds(5))
+            try await Task.sleep(for: .milliseconds(300))
+            try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
+            #expect(await answer.pushedUser == "alice")
+            await h.box.report(prompt, .accepted, reason: "")
+            guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
+            #expect(result.outcome == .accepted)
+            await link.close()
+        }
+    }
+
+    @Test func aHeldPushNobodyTakesIsDroppedAndThePhoneIsTold() async throws {
+        let h = try BoxHarness { $0.enterWait = .seconds(1) }
+        try await h.run {
+            let prompt = try await h.prompt()
+            let link = try await push(h)
+            guard case .awaitingEnter(let wait) = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            #expect(wait.seconds == 1)
+            guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
+            #expect(result.outcome == .timedOut)
+            #expect(result.reason.contains("nobody pressed Enter"))
+            // The push is gone: a late Enter gets nothing, and the prompt takes the next push.
+            #expect(await h.box.take(prompt, wait: .seconds(1)).pushedUser == nil)
+            await link.close()
+            try await Task.sleep(for: .milliseconds(200))
+            let again = try await push(h, 0x33)
+            guard case .awaitingEnter = try await again.next(timeout: .seconds(5)) else { Issue.record("the prompt did not reopen"); return }
+            await again.close()
+        }
+    }
+
+    @Test func aHeldPushGoesWithItsPhone() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let prompt = try await h.prompt()
+            let link = try await push(h)
+            guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            await link.close()
+            try await Task.sleep(for: .milliseconds(500))
+            // Someone presses Enter after the phone left: it must not log its user in.
+            guard case .noPush = await h.box.take(prompt, wait: .seconds(1)) else { Issue.record("a departed phone's push was delivered"); return }
+        }
+    }
+
+    @Test func aTypedPasswordLetsTheHeldPushGoWithoutCountingARejection() async throws {
+        let h = try BoxHarness { $0.rejectedPushesPerUser = 1 }
+        try await h.run {
+            let prompt = try await h.prompt()
+            let link = try await push(h)
+            guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            await h.box.promptClosed(prompt)   // the module's cancel: the person typed a password
+            guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
+            #expect(result.outcome == .notAtPrompt)
+            await link.close()
+            // One rejection would have used up alice's budget; this was none.
+            try await h.honestLogin(0x34)
+        }
+    }
+
+    @Test func aPushForAnotherUserNeverWaitsAtAConsoleLoginForAlice() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            _ = try await h.prompt(tty: "/dev/tty1", user: "alice")
+            let link = try await push(h, user: "bob")
+            guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("bob's push was held at alice's prompt"); return }
+            #expect(result.outcome == .wrongUser)
+            await link.close()
+        }
+    }
+}
