@@ -135,12 +135,14 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         }
         if showBox {
             showBox = false
-            pamh.info(tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})",
-                         ("box", offered.box), ("fingerprint", offered.fingerprint)))
+            // One message: greeters that show one at a time (lightdm-gtk-greeter) keep both lines.
+            var lines = [tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})",
+                            ("box", offered.box), ("fingerprint", offered.fingerprint))]
             if !offered.code.isEmpty {
-                pamh.info(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
-                             ("code", offered.code), ("box", offered.box), ("minutes", max(1, (offered.seconds + 59) / 60))))
+                lines.append(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
+                                ("code", offered.code), ("box", offered.box), ("minutes", max(1, (offered.seconds + 59) / 60))))
             }
+            pamh.info(lines.joined(separator: "\n"))
         }
         switch converse(client: client, user: user, box: offered.box, pamh: pamh, options: options) {
         case .named(let name):

@@ -28,7 +28,7 @@ import Testing
         let bytes = a.encode()
         #expect(bytes.count == Advertisement.payloadLength)
         #expect(try Advertisement.decode(bytes) == a)
-        #expect(bytes[0] == 0x33)
+        #expect(bytes[0] == 0x43)   // version 4, flags 3
         #expect(Array(bytes[1...2]) == [0x12, 0xD5])   // 4821
     }
 
@@ -37,9 +37,10 @@ import Testing
         #expect(throws: Advertisement.DecodeError.wrongLength(7)) { try Advertisement.decode([0x10, 0, 0, 0, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(1)) { try Advertisement.decode([0x10, 0, 1, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(2)) { try Advertisement.decode([0x20, 0, 1, 0, 0, 0]) }
-        #expect(throws: Advertisement.DecodeError.unsupportedVersion(4)) { try Advertisement.decode([0x40, 0, 1, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.unsupportedVersion(3)) { try Advertisement.decode([0x30, 0, 1, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.unsupportedVersion(5)) { try Advertisement.decode([0x50, 0, 1, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(0)) { try Advertisement.decode([0x00, 0, 1, 0, 0, 0]) }
-        #expect(throws: Advertisement.DecodeError.invalidBoxID(10000)) { try Advertisement.decode([0x30, 0x27, 0x10, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.invalidBoxID(10000)) { try Advertisement.decode([0x40, 0x27, 0x10, 0, 0, 0]) }
     }
 
     @Test func prologueBindsVersionIDAndNonceButNotFlags() {
@@ -49,7 +50,7 @@ import Testing
         #expect(a.prologue == p)
         a.nonce &+= 1
         #expect(a.prologue != p)
-        #expect(p == Array("BOXKEY".utf8) + [3, 0x12, 0xD5, 0xBE, 0xEF])
+        #expect(p == Array("BOXKEY".utf8) + [BoxkeyProtocol.version, 0x12, 0xD5, 0xBE, 0xEF])
     }
 
     @Test func boxIDsAreFourDigits() {

@@ -218,12 +218,13 @@ import Testing
         var m1 = try x.phone.start()
         m1[0] = 9
         let (out, _) = x.toBox(m1)
-        #expect(out.replies == [[3, 4, 1, 3, 3]])
+        let v = BoxkeyProtocol.version
+        #expect(out.replies == [[v, 4, 1, v, v]])
     }
 
     @Test func garbageBeforeHandshakeIsRefusedAsMalformed() {
         var x = Exchange()
-        let (out, _) = x.toBox([3, 3] + [UInt8](repeating: 0, count: 40))
+        let (out, _) = x.toBox([BoxkeyProtocol.version, 3] + [UInt8](repeating: 0, count: 40))
         guard case .close(.refused(.malformed)) = out.request else { Issue.record("\(String(describing: out.request))"); return }
     }
 

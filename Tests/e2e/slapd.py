@@ -26,7 +26,9 @@ def free_port():
 
 
 class Slapd:
-    def __init__(self, work, users=("alice", "bob"), extra_users=0):
+    def __init__(self, work, users=("alice", "bob"), extra_users=0, posix=None):
+        """posix: {name: uid number} of users that are also posixAccounts (sssd's users)."""
+        self.posix = posix or {}
         self.dir = os.path.join(work, "slapd")
         os.makedirs(os.path.join(self.dir, "db"))
         os.makedirs(os.path.join(self.dir, "slapd.d"))
@@ -124,10 +126,12 @@ olcAccess: to * by self write by users read by anonymous auth by * none
                    f"dn: ou=services,{SUFFIX}\nobjectClass: organizationalUnit\nou: services\n",
                    f"dn: {BOX_DN}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\ncn: boxes\nuserPassword: {BOX_PASSWORD}\n",
                    f"dn: {FLEET_DN}\nobjectClass: organizationalRole\nobjectClass: boxkeyFleet\ncn: boxkey\n"]
-        names = list(users) + [f"user{n:05d}" for n in range(extra_users)]
+        names = list(users) + [n for n in self.posix if n not in users] + [f"user{n:05d}" for n in range(extra_users)]
         for name in names:
-            entries.append(f"dn: uid={name},{PEOPLE}\nobjectClass: inetOrgPerson\nobjectClass: boxkeyUser\nuid: {name}\ncn: {name}\nsn: {name}\n"
-                           + (f"userPassword: {USER_PASSWORD}\n" if name in users else ""))
+            posix = (f"objectClass: posixAccount\nuidNumber: {self.posix[name]}\ngidNumber: {self.posix[name]}\n"
+                     f"homeDirectory: /home/{name}\nloginShell: /bin/bash\n") if name in self.posix else ""
+            entries.append(f"dn: uid={name},{PEOPLE}\nobjectClass: inetOrgPerson\nobjectClass: boxkeyUser\n{posix}uid: {name}\ncn: {name}\nsn: {name}\n"
+                           + (f"userPassword: {USER_PASSWORD}\n" if name in users or name in self.posix else ""))
         self._run("slapadd", "-q", "-n1", "-F", os.path.join(self.dir, "slapd.d"), input="\n".join(entries))
 
     def start(self):

@@ -240,7 +240,7 @@ def test_tampered_vault_can_be_seen_and_cleared_with_force(world):
 
 def test_version_and_usage_errors(world):
     r = world.phone("--version")
-    assert r.returncode == 0 and r.stdout == "boxkey 0.5.0 (protocol 3)\n"
+    assert r.returncode == 0 and r.stdout == "boxkey 0.6.0 (protocol 4)\n"
     r = world.phone("pair", "12a4", "--code", "123456")
     assert r.returncode == 64 and "'12a4'" in r.stderr and "Usage: boxkey pair" in r.stderr, r.stderr
     r = world.phone("login", "99999")

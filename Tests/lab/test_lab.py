@@ -37,8 +37,8 @@ def test_boxkey_over_bluez(world):
     assert r.returncode == 0, r.stdout + r.stderr
     probe = json.loads(r.stdout.strip().splitlines()[-1])
     assert probe["address"] == BOX and probe["service_found"] and probe["info_bytes"] > 0
-    # The box refused the envelope on the probe's channel (a refusal: version 3, kind 4).
-    assert probe["answers"] and probe["answers"][0].startswith("b00b1e55" + "00" + "0005" + "0304"), probe
+    # The box refused the envelope on the probe's channel (a refusal: version 4, kind 4).
+    assert probe["answers"] and probe["answers"][0].startswith("b00b1e55" + "00" + "0005" + "0404"), probe
     wait_for(lambda: "unsupportedVersion" in world.box_output(), what="the box logging the refusal")
 
     # The daemon kept serving: the same phone logs in again, and the timing pair is taken now.

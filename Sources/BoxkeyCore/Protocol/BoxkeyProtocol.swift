@@ -9,9 +9,12 @@ public enum BoxkeyProtocol {
     /// notifications to every subscribed central), and fragments fit BlueZ's Multiple Handle
     /// Value Notifications (MTU - 5) and the 512-byte attribute limit. Keys and enrolments made
     /// under version 2 stay valid.
-    public static let version: UInt8 = 3
+    /// Version 4 (2026-11-26): a push waits at the box's password prompt for Enter there, and
+    /// the box says so (`awaitingEnter`), which a version 3 phone would take for a broken
+    /// channel. Keys and enrolments stay valid.
+    public static let version: UInt8 = 4
     /// Versions this build accepts. A peer with another version gets `Refusal.unsupportedVersion`.
-    public static let supportedVersions: ClosedRange<UInt8> = 3...3
+    public static let supportedVersions: ClosedRange<UInt8> = 4...4
 
     /// While it is the presence link, the phone sends a sealed keepalive this often; the box
     /// counts a few missed ones as walking away (`[presence] keepalive_timeout_s`). An open
@@ -72,6 +75,6 @@ public struct BoxID: Hashable, Sendable, Comparable, CustomStringConvertible {
 
 /// The release of this source tree, as `boxkey --version` and `boxkeyd --version` print it.
 public enum BoxkeyRelease {
-    public static let version = "0.5.0"
+    public static let version = "0.6.0"
     public static var description: String { "\(version) (protocol \(BoxkeyProtocol.version))" }
 }

@@ -1,0 +1,68 @@
+# A throwaway Debian 12 booted with its own systemd (systemd-nspawn -b): its own journald,
+# logind and D-Bus, never this machine's login stack. Sourced by scripts/package-test and
+# scripts/box-test.
+#
+#   root_make DIR PACKAGE...   a minimal root with these packages (mmdebstrap; apt lists kept, so
+#                              the packages under test pull their dependencies from the mirror)
+#   root_boot DIR [ARG...]     boots it (extra systemd-nspawn arguments); sets $root_init, the
+#                              root's PID 1 seen from here, once its systemd answers
+#   inside CMD...              runs CMD in the booted root as root, with a clean environment
+#   root_stop                  powers it off (SIGKILL after 15 s) and removes DIR
+#
+# The caller sets `trap root_stop EXIT`.
+
+root_dir=
+root_nspawn=
+root_init=
+root_console=
+
+root_make() {
+  local dir=$1
+  shift
+  local IFS=,
+  mmdebstrap --quiet --variant=minbase --skip=cleanup/apt/lists --include="$*" bookworm "$dir"
+}
+
+root_boot() {
+  root_dir=$1
+  shift
+  root_console=$root_dir.console
+  systemd-nspawn --quiet --register=no --keep-unit --directory="$root_dir" "$@" --boot >"$root_console" 2>&1 </dev/null &
+  root_nspawn=$!
+  root_init=
+  local pid
+  for _ in $(seq 150); do  # systemd-nspawn's child that is systemd (a helper may come first)
+    for pid in $(pgrep -P "$root_nspawn" || true); do
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd ] && root_init=$pid
+    done
+    [ -n "$root_init" ] && break
+    sleep 0.1
+  done
+  if [ -z "$root_init" ]; then
+    cat "$root_console" >&2
+    echo "booted-root: the root did not start" >&2
+    return 1
+  fi
+  local state=
+  for _ in $(seq 300); do  # systemd's own socket comes a moment after its start
+    state=$(inside systemctl is-system-running --wait 2>/dev/null || true)
+    [ -n "$state" ] && break
+    sleep 0.1
+  done
+  echo "   system: ${state:-not answering}"
+}
+
+inside() {
+  nsenter --target "$root_init" --all env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8 "$@"
+}
+
+root_stop() {
+  if [ -n "$root_nspawn" ] && kill -0 "$root_nspawn" 2>/dev/null; then
+    [ -n "$root_init" ] && inside systemctl poweroff >/dev/null 2>&1 || true
+    for _ in $(seq 150); do kill -0 "$root_nspawn" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$root_nspawn" 2>/dev/null || true
+  fi
+  wait 2>/dev/null || true
+  [ -n "$root_dir" ] && rm -rf "$root_dir" "$root_dir.console" "$root_dir.apt"
+  root_nspawn=
+}
