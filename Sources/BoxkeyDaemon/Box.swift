@@ -672,6 +672,12 @@ public actor Box {
         guard case .prompt(let promptID) = prompts.choose(for: user) else {
             return refuse(.notAtPrompt, "no single prompt waits for this user", "box \(identity.boxID) is not at a login prompt for \(user)")
         }
+        // The program's password prompt is on the screen before any offer comes, so the prompt
+        // cannot say whose phone is near: only a prompt already for this user (its login name
+        // typed, its user chosen at the greeter, its locker) takes an offer.
+        guard prompts[promptID]!.request.expectedUser == user else {
+            return refuse(.notAtPrompt, "the prompt names no user", "the box's prompt names no user: log in with boxkey login, or type the user name first")
+        }
         guard prompts[promptID]!.offer == nil else {
             return refuse(.ambiguousPrompt, "the prompt already shows another phone's offer", "the box's prompt is showing another phone's offer")
         }

@@ -134,7 +134,7 @@ public struct DaemonConfig: Sendable, Equatable {
     }
 
     public static let defaultPhoneLoginServices: Set<String> = [
-        "login", "gdm-password", "gdm-boxkey", "gdm-fingerprint", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
+        "login", "gdm-password", "lightdm", "lightdm-greeter", "sddm", "lxdm", "greetd",
         "xscreensaver", "gnome-screensaver", "cinnamon-screensaver", "mate-screensaver", "xfce4-screensaver",
         "kde", "kscreenlocker", "swaylock", "i3lock", "light-locker", "slock", "xsecurelock",
     ]

@@ -123,6 +123,35 @@ import Testing
         }
     }
 
+    @Test func anOfferGoesOnlyToAPromptAlreadyForItsUser() async throws {
+        let h = try BoxHarness { $0.proximity = true }
+        try await h.run {
+            // A greeter's prompt with nobody named: the password prompt is already on screen and
+            // cannot say whose phone is near, so Enter there must not log anyone in by proximity.
+            let open = try await h.prompt()
+            let (identity, central) = await h.phone(0x35, enrolledFor: "alice")
+            let key = h.box.identity.keyPair.publicKey
+            let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+            let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+            try await link.send(.offer(ProximityOffer(user: "alice", deviceName: "test")))
+            guard case .loginResult(let refused) = try await link.next(timeout: .seconds(5)) else { Issue.record("the offer was taken"); return }
+            #expect(refused.outcome == .notAtPrompt && refused.reason.contains("names no user"))
+            await link.close()
+            await h.box.promptClosed(open)
+            // alice's own console prompt takes it, and Enter there asks the phone to push.
+            let alices = try await h.prompt(tty: "tty2", user: "alice")
+            let again = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+            try await again.send(.offer(ProximityOffer(user: "alice", deviceName: "test")))
+            try await Task.sleep(for: .milliseconds(300))
+            async let answer = h.box.take(alices, wait: .seconds(5))
+            guard case .intent = try await again.next(timeout: .seconds(5)) else { Issue.record("no intent after Enter"); return }
+            try await again.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
+            #expect(await answer.pushedUser == "alice")
+            await h.box.report(alices, .accepted, reason: "")
+            await again.close()
+        }
+    }
+
     @Test func aPushForAnotherUserNeverWaitsAtAConsoleLoginForAlice() async throws {
         let h = try BoxHarness()
         try await h.run {

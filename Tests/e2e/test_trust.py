@@ -4,6 +4,8 @@ before the trust model."""
 import re
 import time
 
+import pytest
+
 from conftest import FINGERPRINT, PASSWORD, PASSWORDS, USERS, wait_for
 
 
@@ -250,6 +252,28 @@ def test_box_memory_holds_no_password_after_login(world):
     assert world.phone("login", "--no-stay").returncode == 0
     assert world.finish(prompt)[0] == 0
     time.sleep(2)
+    assert world.box_memory_count(PASSWORD.encode()) == 0
+
+
+@pytest.mark.parametrize("how", ["typed", "timeout", "phone gone"])
+def test_a_held_push_that_is_let_go_leaves_no_password_in_the_box(world, how):
+    """A push waits at the prompt in secure memory; whichever way it is let go (the person types
+    a password instead, nobody presses Enter, the phone leaves), the box holds no copy after."""
+    world.settings["pam"]["enter_wait_s"] = 5
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter(stdin=None)
+    phone = world.phone_background("login", "--no-stay")
+    wait_for(lambda: f"(pid {prompt.pid}): waiting" in world.box_output(), what="the push held at the prompt")
+    assert world.box_memory_count(PASSWORD.encode()) >= 1  # held (in libsodium's guarded pages)
+    if how == "typed":
+        prompt.type("what the person typed\n")
+    elif how == "phone gone":
+        phone.kill()
+    phone.wait(30)
+    wait_for(lambda: "push not used" in world.box_output(), timeout=15, what="the push to be let go")
+    world.finish(prompt)
+    time.sleep(1)
     assert world.box_memory_count(PASSWORD.encode()) == 0
 
 
