@@ -102,6 +102,9 @@ public actor Box {
     var offersByPhone = RateLimiter<PublicKey>(limit: Box.offersPerPhone, window: .seconds(300))
     static let offersPerPhone = 3
     var rejectedByUser: RateLimiter<String>
+    /// Rejected pushes of all phones not (yet) enrolled for the user they pushed for, together.
+    var rejectedNewPhones: RateLimiter<String>
+    static let newPhones = "new phones"
 
     /// Wakes the timer loop when a new deadline appears.
     let doorbell = ChangeSignal()
@@ -162,6 +165,7 @@ public actor Box {
         failedHandshakes = RateLimiter(limit: config.failedHandshakesPerMinute, window: .seconds(60))
         rejectedByPhone = RateLimiter(limit: config.rejectedPushesPerPhone, window: config.rejectionWindow)
         rejectedByUser = RateLimiter(limit: config.rejectedPushesPerUser, window: config.rejectionWindow)
+        rejectedNewPhones = RateLimiter(limit: config.rejectedPushesPerPhone, window: config.rejectionWindow)
         (outbox, outboxContinuation) = AsyncStream.makeStream(of: RadioAction.self)
     }
 
@@ -180,6 +184,8 @@ public actor Box {
         rejectedByPhone.window = next.rejectionWindow
         rejectedByUser.limit = next.rejectedPushesPerUser
         rejectedByUser.window = next.rejectionWindow
+        rejectedNewPhones.limit = next.rejectedPushesPerPhone
+        rejectedNewPhones.window = next.rejectionWindow
         // Proximity turned off: an offer on a screen is withdrawn (Enter there brings the
         // password prompt), unless the person already asked.
         if !next.proximity {
@@ -218,7 +224,7 @@ public actor Box {
 
     public var advertisingData: AdvertisingData {
         var flags: Advertisement.Flags = []
-        if !prompts.waiting.isEmpty { flags.insert(.loginPromptWaiting) }
+        if !prompts.takingPushes.isEmpty { flags.insert(.loginPromptWaiting) }
         if !presences.isEmpty { flags.insert(.sessionActive) }
         let advert = Advertisement(flags: flags, boxID: identity.boxID, nonce: nonces.current,
                                    keyHint: identity.keyPair.publicKey.advertisementHint)
@@ -445,6 +451,8 @@ public actor Box {
         if let promptID = link.prompt, let offer = prompts[promptID]?.offer, offer.link == id, prompts[promptID]?.verifying == nil {
             prompts[promptID]!.offer = nil
             logger.info("\(id.address) left while its proximity offer was on the screen")
+            // Enter was pressed for it: nothing else may answer that Enter.
+            if prompts[promptID]!.entered { endWait(promptID, .timedOut) }
         }
     }
 
@@ -541,6 +549,11 @@ public actor Box {
             finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"), now: now)
             return
         }
+        if !enrolledFor.contains(user), rejectedNewPhones.isLimited(Box.newPhones, now: now) {
+            audit.audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes from new phones at this box", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes from new phones at box \(identity.boxID); try later"), now: now)
+            return
+        }
         switch prompts.choose(for: user) {
         case .prompt(let promptID) where kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
             let service = prompts[promptID]!.request.service
@@ -560,6 +573,9 @@ public actor Box {
         case .otherUser:
             audit.audit(.notice, .pushRefused, "refused push: \(who): the waiting prompt is for another user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.wrongUser, reason: "the box's prompt is for another user"), now: now)
+        case .namesNobody:
+            audit.audit(.notice, .pushRefused, "refused push: \(who): the waiting prompt names no user yet", phone: phone.fingerprint, user: user)
+            finishLogin(on: id, LoginResult(.notAtPrompt, reason: "the box's prompt names no user yet: type \(user) there first"), now: now)
         case .ambiguous(let candidates):
             audit.audit(.notice, .pushRefused, "refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
@@ -607,8 +623,8 @@ public actor Box {
             case (.escrow, .capture?): .escrowCapture(user: user, ticket: ticket)
             default: .push(user: user, password: password, ticket: ticket)
             }
-            if prompts[promptID]!.entered, waiters[promptID] != nil {
-                // Enter was pressed for this phone (an offer's intent, or a phone on its way).
+            if let offer = prompts[promptID]!.offer, offer.intent, offer.link == id, prompts[promptID]!.entered, waiters[promptID] != nil {
+                // Enter was pressed at this phone's offer: its push is what the person asked for.
                 deliver(answer, to: promptID, now: now)
             } else {
                 // The module is inside the program's password prompt: the push waits for Enter
@@ -669,14 +685,15 @@ public actor Box {
             return refuse(.wrongUser, "a proximity offer needs a phone enrolled for that user", "this phone is not enrolled for \(user) at box \(identity.boxID)")
         }
         guard !rejectedByUser.isLimited(user, now: now) else { return refuse(.rejected, "too many rejected pushes for this user", "too many rejected pushes for \(user); try later") }
-        guard case .prompt(let promptID) = prompts.choose(for: user) else {
-            return refuse(.notAtPrompt, "no single prompt waits for this user", "box \(identity.boxID) is not at a login prompt for \(user)")
-        }
         // The program's password prompt is on the screen before any offer comes, so the prompt
         // cannot say whose phone is near: only a prompt already for this user (its login name
         // typed, its user chosen at the greeter, its locker) takes an offer.
-        guard prompts[promptID]!.request.expectedUser == user else {
-            return refuse(.notAtPrompt, "the prompt names no user", "the box's prompt names no user: log in with boxkey login, or type the user name first")
+        let choice = prompts.choose(for: user)
+        if choice == .namesNobody {
+            return refuse(.notAtPrompt, "the prompt names no user", "the box's prompt names no user yet: type \(user) there first")
+        }
+        guard case .prompt(let promptID) = choice else {
+            return refuse(.notAtPrompt, "no single prompt waits for this user", "box \(identity.boxID) is not at a login prompt for \(user)")
         }
         guard prompts[promptID]!.offer == nil else {
             return refuse(.ambiguousPrompt, "the prompt already shows another phone's offer", "the box's prompt is showing another phone's offer")
@@ -796,10 +813,17 @@ public actor Box {
         }
     }
 
-    /// A push the stack did not accept from this phone counts against the phone and the user.
+    /// A push the stack did not accept from this phone counts against the phone, and against
+    /// the user only if the phone is enrolled for that user. New phones (pending, paired with a
+    /// code read off the screen) share one budget of their own at this box, so no number of them
+    /// can spend an enrolled user's.
     private func recordRejection(_ phone: PublicKey, user: String, now: Duration) {
         rejectedByPhone.record(phone, now: now)
-        rejectedByUser.record(user, now: now)
+        if enrolledUsers(of: phone).contains(user) {
+            rejectedByUser.record(user, now: now)
+        } else {
+            rejectedNewPhones.record(Box.newPhones, now: now)
+        }
     }
 
     private func finishLogin(on id: CentralID, _ result: LoginResult, now: Duration) {
@@ -823,11 +847,12 @@ public actor Box {
         var owner: LoginSession?
         do {
             owner = try await sessions.session(ofPID: peer.pid)
-            if owner == nil, Locality.refusal(request, owner: nil) != nil {
-                // A display manager's worker that names no terminal while it authenticates
-                // (greetd): local if its parent, the display manager, runs a greeter in a local
-                // greeter session of logind's. The kernel says who the parent is, logind whose
-                // session its children are; nothing here is what the caller says.
+            if owner == nil, request.tty.isEmpty, request.display.isEmpty, request.remoteHost.isEmpty {
+                // A display manager's worker that names no terminal, display or host while it
+                // authenticates (greetd): local if its parent, the display manager, runs a greeter
+                // in a local greeter session of logind's. The kernel says who the parent is,
+                // logind whose session its children are. A worker that names a terminal or a
+                // display is judged by them (an XDMCP display is remote whatever its siblings).
                 owner = try await greeterBeside(peer.pid)
             }
         } catch {
@@ -858,9 +883,9 @@ public actor Box {
         return nil
     }
 
-    /// Enter at prompt `id` with nothing typed: the push held there, at once; a push on its way
-    /// (an offer, which is asked now; a phone connected and not yet pushing), within `wait`;
-    /// else `.noPush(.nothingYet)` at once, and the prompt stays open.
+    /// Enter at prompt `id` with nothing typed: the push held there, at once; the push of the
+    /// phone whose offer waits there (asked now), within `wait`; else `.noPush(.nothingYet)` at
+    /// once, and the prompt stays open.
     public func take(_ id: UInt64, wait: Duration) async -> PromptAnswer {
         let now = clock.now
         guard let prompt = prompts[id] else { return .noPush(.superseded) }
@@ -870,14 +895,12 @@ public actor Box {
             return held
         }
         guard waiters[id] == nil, prompt.verifying == nil else { return .noPush(.timedOut) }
-        if prompt.offer != nil, giveIntent(id, now: now) {
-            logger.info("Enter at \(logSafe(prompt.description)): the offering phone pushes now")
-        } else if phoneOnItsWay(to: prompt, now: now) {
-            prompts[id]!.deadline = now + min(wait, config.maxPromptWait, config.commandTimeout)
-            logger.info("Enter at \(logSafe(prompt.description)): a phone is connected; waiting for its push")
-        } else {
-            return .noPush(.nothingYet)
-        }
+        // Only a phone that offered here is waited for: a connection alone says nothing about
+        // whose push would come (anyone in range can open one), so Enter with no push or offer
+        // here is answered at once.
+        guard prompt.offer != nil, giveIntent(id, now: now) else { return .noPush(.nothingYet) }
+        prompts[id]!.deadline = now + min(wait, config.maxPromptWait, config.commandTimeout)
+        logger.info("Enter at \(logSafe(prompt.description)): the offering phone pushes now")
         prompts[id]!.entered = true
         wakeTimers()
         // Shutting down (or the connection's task ending) releases the wait at once.
@@ -891,23 +914,6 @@ public actor Box {
             }
         } onCancel: {
             Task { await self.endWait(id, .shuttingDown) }
-        }
-    }
-
-    /// A phone that may push to `prompt` is connected and has not pushed yet: a handshake under
-    /// way (a few seconds old at most), or an enrolled phone's channel waiting for its command.
-    private func phoneOnItsWay(to prompt: PromptTable.Prompt, now: Duration) -> Bool {
-        links.values.contains { link in
-            guard !link.dropped else { return false }
-            switch link.connection.state {
-            case .awaitingHandshake: return now - link.connectedAt < .seconds(3)
-            case .awaitingCommand:
-                guard let phone = link.connection.phoneKey else { return false }
-                let users = enrolledUsers(of: phone)
-                let pending = enrolment.pendingEnrolment(of: phone, now: now) != nil
-                return pending || (prompt.request.expectedUser.isEmpty ? !users.isEmpty : users.contains(prompt.request.expectedUser))
-            default: return false
-            }
         }
     }
 
@@ -1181,10 +1187,13 @@ public actor Box {
     /// Locks `targets`; with none on record, every local session of `users` that logind
     /// lists — walk-away fails closed. A session that does not then say it is locked
     /// (LockedHint) within `lock_confirm_s` has nothing on it that follows logind's Lock: after a
-    /// walk-away it is ended (`[presence] not_locked = logout`, the default) or kept and logged
-    /// (`keep`); an explicit lock that locked nothing reports a failure to the phone.
+    /// walk-away one of `targets` (sessions this phone opened or unlocked) is ended
+    /// (`[presence] not_locked = logout`, the default) or kept and logged (`keep`); one found only
+    /// by the fail-closed search is never ended, only logged. An explicit lock that locked
+    /// nothing reports a failure to the phone.
     private func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String, walkAway: Bool) async -> ActionResult.Outcome {
         var list = targets
+        let endable = walkAway ? Set(targets.map(\.id)) : []
         if list.isEmpty {
             for user in users {
                 guard let uid = uid(of: user) else { continue }
@@ -1199,36 +1208,56 @@ public actor Box {
         guard outcome == .done else { return outcome }
         if walkAway {
             // Nobody waits for the answer: the timers carry on while the sessions are checked.
-            Task { await self.settle(await self.unconfirmedLocks(list), phone: phone, walkAway: true) }
+            Task { await self.settle(await self.unconfirmedLocks(list), phone: phone, endable: endable) }
             return outcome
         }
         let open = await unconfirmedLocks(list)
-        await settle(open, phone: phone, walkAway: false)
+        await settle(open, phone: phone, endable: [])
         return open.count == list.count ? .failed : outcome
     }
 
-    /// logind's LockSession only signals the session: the sessions of `list` that did not report
-    /// themselves locked within `lock_confirm_s`.
+    /// logind's LockSession only signals the session: the sessions of `list` that logind says
+    /// are still not locked (`LockedHint` false) `lock_confirm_s` later. A session logind did not
+    /// answer for at the end is not among them: an outage is not proof that nothing locked it.
     private func unconfirmedLocks(_ list: [LoginSession]) async -> [LoginSession] {
         let deadline = clock.now + config.lockConfirm
         var open = list
+        var unanswered: [String] = []
         while true {
             var still: [LoginSession] = []
-            for s in open where (try? await sessions.session(id: s.id))??.locked != true { still.append(s) }
+            unanswered = []
+            for s in open {
+                switch await lockedHint(s.id) {
+                case true?: break
+                case false?: still.append(s)
+                case nil: still.append(s); unanswered.append(s.id)
+                }
+            }
             open = still
-            guard !open.isEmpty, clock.now < deadline else { return open }
+            guard !open.isEmpty, clock.now < deadline else { break }
             try? await clock.sleep(for: .milliseconds(100))
         }
+        if !unanswered.isEmpty {
+            audit.audit(.warning, .sessionAction, "logind did not answer whether session(s) \(unanswered.map(logSafe).joined(separator: ", ")) locked: not acting on them")
+        }
+        return open.filter { !unanswered.contains($0.id) }
     }
 
-    /// Sessions a lock did not lock: ended after a walk-away unless `not_locked = keep`; said
-    /// loudly either way.
-    private func settle(_ open: [LoginSession], phone: PublicKey, walkAway: Bool) async {
+    /// logind's LockedHint of a session; nil when logind did not answer. A session that is gone
+    /// needs nothing more.
+    private func lockedHint(_ id: String) async -> Bool? {
+        do { return try await sessions.session(id: id)?.locked ?? true } catch { return nil }
+    }
+
+    /// Sessions a lock did not lock: those in `endable` (after a walk-away, the sessions this
+    /// phone opened) are ended unless `not_locked = keep`; every one is said loudly.
+    private func settle(_ open: [LoginSession], phone: PublicKey, endable: Set<String>) async {
         let seconds = config.lockConfirm.components.seconds
         for s in open {
             let what = "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) did not report itself locked \(seconds) s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console, or a desktop without a logind-aware locker"
-            guard walkAway, config.notLocked == .logout else {
-                audit.audit(.error, .sessionAction, "\(what); it is still open\(walkAway ? " ([presence] not_locked = keep)" : "")", phone: phone.fingerprint, user: s.user)
+            guard endable.contains(s.id), config.notLocked == .logout else {
+                let why = endable.contains(s.id) ? " ([presence] not_locked = keep)" : endable.isEmpty ? "" : " (not a session this phone opened: never ended for it)"
+                audit.audit(.error, .sessionAction, "\(what); it is still open\(why)", phone: phone.fingerprint, user: s.user)
                 continue
             }
             do {
@@ -1302,6 +1331,7 @@ public actor Box {
         failedHandshakes.pruneAll(now: now)
         rejectedByPhone.pruneAll(now: now)
         rejectedByUser.pruneAll(now: now)
+        rejectedNewPhones.pruneAll(now: now)
         for id in Array(links.keys) {
             guard var link = links[id], !link.dropped else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {

@@ -41,9 +41,9 @@ public enum PAMRequest: Equatable, Sendable {
     /// and just before `reportOutcome`. The bytes are the receiver's to wipe.
     case capturedPassword([UInt8])
     /// The person pressed Enter at the prompt with nothing typed: they want the phone. Answered
-    /// with the push (or key login, escrow capture) that waits there, at once; with a phone's
-    /// push that is on its way (a proximity offer, then asked; a phone mid-login), within
-    /// `timeoutMilliseconds`; else at once with `.noPush(.nothingYet)`.
+    /// with the push (or key login, escrow capture) that waits there, at once; with the push of
+    /// the phone whose proximity offer is there (asked now), within `timeoutMilliseconds`; else
+    /// at once with `.noPush(.nothingYet)`.
     case intent
     /// `pam_sm_open_session`: the logind session pam_systemd put in the PAM environment, and
     /// the ticket of the push that authenticated it (empty when no push did).
@@ -66,7 +66,7 @@ public enum PAMRequest: Equatable, Sendable {
         public var remoteHost: String
         /// Empty when any user may log in (a greeter); the locked user for a screen locker.
         public var expectedUser: String
-        /// After Enter, the longest wait for a phone's push that is on its way.
+        /// After Enter at a proximity offer, the longest wait for that phone's push.
         public var timeoutMilliseconds: UInt32
         public init(service: String, tty: String, display: String, remoteHost: String = "", expectedUser: String, timeoutMilliseconds: UInt32) {
             self.service = service
@@ -163,7 +163,7 @@ public enum PAMReply: Equatable, Sendable {
     /// sends it back (`capturedPassword`) for the box to seal under the phone's secret.
     case escrowCapture(user: String, ticket: String)
     /// No push for this Enter: `nothingYet` (no phone has pushed to this prompt), `timedOut`
-    /// (a phone on its way did not push in time), `superseded` (another prompt on the same
+    /// (the offering phone did not push in time), `superseded` (another prompt on the same
     /// terminal took over), `shuttingDown`.
     case noPush(NoPushReason)
     case ok

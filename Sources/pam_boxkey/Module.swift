@@ -107,12 +107,21 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
         return stepAside(pamh, options)
     }
 
-    // Nobody is made to wait here: the module opens the prompt with the daemon, then asks the
-    // person at once — the password, or, when nobody is named yet, who. A phone's push for
-    // this prompt waits at the box until Enter is pressed here with nothing typed.
+    // Nobody named yet (a greeter's "other user"): who, first, as the program would ask. A
+    // prompt for nobody takes no push (Enter there would log in whoever's push waited).
     var user = pamh.item(PAM_USER) ?? ""
-    var showBox = true
-    while true {
+    for _ in 0..<maxEmptyEnters where user.isEmpty {
+        guard let name = pamh.askVisible(pamh.userPrompt) else { return PAM_CONV_ERR }
+        guard !name.isEmpty else { continue }
+        guard let typed = String(validating: name, as: UTF8.self), pamh.setItem(PAM_USER, name) == PAM_SUCCESS else { return PAM_USER_UNKNOWN }
+        user = typed
+    }
+    guard !user.isEmpty else { return PAM_CONV_ERR }
+
+    // Nobody is made to wait here: the module opens the prompt with the daemon, then asks for
+    // the password at once. A phone's push for this prompt waits at the box until Enter is
+    // pressed here with nothing typed.
+    do {
         let client: PAMSocketClient
         let offered: (box: String, fingerprint: String, code: String, seconds: UInt32)
         do {
@@ -133,27 +142,15 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
             if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
             return stepAside(pamh, options)
         }
-        if showBox {
-            showBox = false
-            // One message: greeters that show one at a time (lightdm-gtk-greeter) keep both lines.
-            var lines = [tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})",
-                            ("box", offered.box), ("fingerprint", offered.fingerprint))]
-            if !offered.code.isEmpty {
-                lines.append(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
-                                ("code", offered.code), ("box", offered.box), ("minutes", max(1, (offered.seconds + 59) / 60))))
-            }
-            pamh.info(lines.joined(separator: "\n"))
+        // One message: greeters that show one at a time (lightdm-gtk-greeter) keep both lines.
+        var lines = [tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})",
+                        ("box", offered.box), ("fingerprint", offered.fingerprint))]
+        if !offered.code.isEmpty {
+            lines.append(tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)",
+                            ("code", offered.code), ("box", offered.box), ("minutes", max(1, (offered.seconds + 59) / 60))))
         }
-        switch converse(client: client, user: user, box: offered.box, pamh: pamh, options: options) {
-        case .named(let name):
-            // A greeter's "other user": the person typed who. The prompt is now that user's.
-            try? client.send(.cancel)
-            client.close()
-            guard pamh.setItem(PAM_USER, Array(name.utf8)) == PAM_SUCCESS else { return PAM_SYSTEM_ERR }
-            user = name
-        case .done(let result):
-            return result
-        }
+        pamh.info(lines.joined(separator: "\n"))
+        return converse(client: client, user: user, box: offered.box, pamh: pamh, options: options)
     }
 }
 
@@ -162,40 +159,26 @@ public func pam_sm_authenticate(_ raw: OpaquePointer?, _ flags: Int32, _ argc: I
 /// prompt comes after at most this.
 private let firstAnswerMilliseconds: Int64 = 1000
 
-private enum Conversation {
-    /// The person typed a user name at this module's user prompt.
-    case named(String)
-    case done(Int32)
-}
-
-/// The prompt with the daemon open: asks the person (the password; or, with no user yet, who),
-/// and takes a phone's push when Enter is pressed with nothing typed.
-private func converse(client: PAMSocketClient, user: String, box: String, pamh: PAMHandle, options: ModuleOptions) -> Conversation {
+/// The prompt with the daemon open: asks the person for the password, and takes a phone's push
+/// when Enter is pressed with nothing typed.
+private func converse(client: PAMSocketClient, user: String, box: String, pamh: PAMHandle, options: ModuleOptions) -> Int32 {
     for attempt in 0..<maxEmptyEnters {
         if attempt > 0 {
             pamh.info(tr("No phone has pushed to box {box} yet: push from your phone, then press Enter — or type the password", ("box", box)))
         }
-        let asked = user.isEmpty ? pamh.askVisible(pamh.userPrompt) : pamh.askHidden(passwordPrompt)
-        guard var answer = asked else {
+        guard var answer = pamh.askHidden(passwordPrompt) else {
             // The person cancelled (Ctrl-D, the greeter's Cancel) or the program has no conversation.
             try? client.send(.cancel)
-            return .done(PAM_CONV_ERR)
+            return PAM_CONV_ERR
         }
         defer { answer.withUnsafeMutableBytes { if let b = $0.baseAddress { memset(b, 0, $0.count) } } }
         if !answer.isEmpty {
-            if user.isEmpty {
-                guard let name = String(validating: answer, as: UTF8.self) else {
-                    try? client.send(.cancel)
-                    return .done(PAM_USER_UNKNOWN)
-                }
-                return .named(name)
-            }
             // The person's own password, handed on as typed; a push that waited is let go.
             try? client.send(.cancel)
-            guard pamh.setItem(PAM_AUTHTOK, answer) == PAM_SUCCESS else { return .done(PAM_SYSTEM_ERR) }
+            guard pamh.setItem(PAM_AUTHTOK, answer) == PAM_SUCCESS else { return PAM_SYSTEM_ERR }
             // A verifier that always asks gets the same answer instead of asking twice.
             if options.answerPrompt { keepTyped(answer, on: pamh) }
-            return .done(options.unavailableCode)
+            return options.unavailableCode
         }
         // Enter with nothing typed: the phone.
         let reply: PAMReply
@@ -206,7 +189,7 @@ private func converse(client: PAMSocketClient, user: String, box: String, pamh: 
         } catch {
             terminal.restore(discardTyped: false)
             if options.debug { pamh.log(LOG_DEBUG, "boxkeyd: \(error)") }
-            return .done(stepAside(pamh, options))
+            return stepAside(pamh, options)
         }
         terminal.restore(discardTyped: reply.pushedUser != nil)
         switch reply {
@@ -214,21 +197,21 @@ private func converse(client: PAMSocketClient, user: String, box: String, pamh: 
             continue
         case .noPush(let why):
             if options.debug { pamh.log(LOG_DEBUG, "no push: \(why)") }
-            return .done(stepAside(pamh, options))
+            return stepAside(pamh, options)
         case .escrowCapture(let pushed, let ticket):
-            return .done(escrowCapture(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
+            return (escrowCapture(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
         case .keyLogin(let pushed, let ticket):
-            return .done(keyLogin(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
+            return (keyLogin(user: pushed, ticket: ticket, expected: user, client: client, pamh: pamh, options: options) ?? stepAside(pamh, options))
         case .push(let pushed, let password, let ticket):
-            return .done(passwordPush(user: pushed, password: password, ticket: ticket, expected: user, client: client, pamh: pamh, options: options))
+            return (passwordPush(user: pushed, password: password, ticket: ticket, expected: user, client: client, pamh: pamh, options: options))
         default:
             try? client.send(.cancel)
-            return .done(stepAside(pamh, options))
+            return stepAside(pamh, options)
         }
     }
     // A conversation that answers Enter every time (a program without a person): give up.
     try? client.send(.cancel)
-    return .done(stepAside(pamh, options))
+    return stepAside(pamh, options)
 }
 
 private let typedKey = "pam_boxkey_typed"

@@ -3,10 +3,9 @@ import CPAM
 
 /// Module arguments from the PAM configuration line (pam_boxkey(8)).
 struct ModuleOptions {
-    /// After Enter, the longest wait for a phone's push that is on its way (a proximity offer
-    /// just asked, a phone connected and not yet pushing): default 10, clamped to 5...600 (a
-    /// huge value must not trap inside the host process). Nobody waits for a phone that is not
-    /// coming: with none on its way Enter is answered at once.
+    /// After Enter, the longest wait for the push of the phone whose proximity offer is at the
+    /// prompt: default 10, clamped to 5...600 (a huge value must not trap inside the host
+    /// process). Nobody waits for a phone that is not coming: otherwise Enter is answered at once.
     var timeoutSeconds = 10
     var socket = PAMWire.defaultSocketPath
     var debug = false

@@ -1,7 +1,7 @@
 import Glibc
 
-/// After Enter, while the module waits for a phone that is on its way (under a second, at most
-/// `timeout=`), the program's hidden prompt is over and its terminal echoes again: a password
+/// After Enter at a proximity offer, while the module waits for that phone's push (under a
+/// second, at most `timeout=`), the program's hidden prompt is over and its terminal echoes again: a password
 /// typed then would show in clear. When the conversation is a terminal — stdin is the tty that
 /// PAM_TTY names, as for console `login` — echo is off for that wait. If a push arrives it logs
 /// the person in, and what was typed meanwhile is discarded, never handed to the shell that

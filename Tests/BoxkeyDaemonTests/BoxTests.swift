@@ -73,8 +73,8 @@ struct BoxHarness {
         return (identity, air.central(DeviceAddress(String(format: "00:50:48:00:00:%02X", n))!, at: 1))
     }
 
-    /// A waiting prompt on a local console (tty), as getty's login would ask.
-    func prompt(tty: String = "tty1", service: String = "login", user: String = "", seconds: UInt32 = 10) async throws -> UInt64 {
+    /// A waiting prompt on a local console (tty), as getty's login asks once the name is typed.
+    func prompt(tty: String = "tty1", service: String = "login", user: String = "alice", seconds: UInt32 = 10) async throws -> UInt64 {
         let (id, reply) = await box.registerPrompt(.init(service: service, tty: tty, display: "", expectedUser: user,
                                                          timeoutMilliseconds: seconds * 1000), peer: testPeer)
         return try #require(id, "not offered: \(reply)")
@@ -86,12 +86,13 @@ struct BoxHarness {
     func honestLogin(_ n: UInt8 = 0x01, user: String = "alice", keep: Bool = false) async throws -> BoxLink? {
         let (identity, central) = await phone(n, enrolledFor: user)
         let key = box.identity.keyPair.publicKey
-        let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)", user: user == "alice" ? "" : user)
+        let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)", user: user)
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-        async let reply = box.take(prompt, wait: .seconds(10))
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: "pw"), deviceName: "honest")))
-        guard let pushed = await reply.pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
+        // The push waits at the prompt; the person there presses Enter.
+        guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("the honest phone's push did not wait at the prompt"); return nil }
+        guard let pushed = await box.take(prompt, wait: .seconds(10)).pushedUser else { Issue.record("the honest phone's push did not arrive"); return nil }
         #expect(pushed == user)
         await box.report(prompt, .accepted, reason: "")
         guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no login result"); return nil }

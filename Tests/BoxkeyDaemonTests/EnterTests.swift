@@ -55,7 +55,7 @@ import Testing
         }
     }
 
-    @Test func enterWhileAPhoneIsConnectedWaitsForItsPush() async throws {
+    @Test func aConnectedPhoneMakesEnterWaitForNothing() async throws {
         let h = try BoxHarness()
         try await h.run {
             let prompt = try await h.prompt()
@@ -63,11 +63,13 @@ import Testing
             let key = h.box.identity.keyPair.publicKey
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
             let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-            // Enter first; the phone, already connected, pushes a moment later.
-            async let answer = h.box.take(prompt, wait: .seconds(5))
-            try await Task.sleep(for: .milliseconds(300))
+            // A connection says nothing about whose push would come: Enter is answered at once.
+            let start = ContinuousClock.now
+            guard case .noPush(.nothingYet) = await h.box.take(prompt, wait: .seconds(5)) else { Issue.record("Enter waited for a connection"); return }
+            #expect(ContinuousClock.now - start < .milliseconds(100))
             try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
-            #expect(await answer.pushedUser == "alice")
+            guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            #expect(await h.box.take(prompt, wait: .seconds(5)).pushedUser == "alice")
             await h.box.report(prompt, .accepted, reason: "")
             guard case .loginResult(let result) = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
             #expect(result.outcome == .accepted)
@@ -128,7 +130,7 @@ import Testing
         try await h.run {
             // A greeter's prompt with nobody named: the password prompt is already on screen and
             // cannot say whose phone is near, so Enter there must not log anyone in by proximity.
-            let open = try await h.prompt()
+            let open = try await h.prompt(user: "")
             let (identity, central) = await h.phone(0x35, enrolledFor: "alice")
             let key = h.box.identity.keyPair.publicKey
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))

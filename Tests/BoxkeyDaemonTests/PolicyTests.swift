@@ -51,16 +51,22 @@ struct PolicyTests {
     @Test func aPushGoesOnlyToTheOnePromptThatMayTakeIt() {
         var t = PromptTable()
         #expect(t.choose(for: "alice") == .none)
+        // A greeter's prompt that names nobody yet takes no push: Enter there would log in
+        // whoever's push happened to wait.
+        let (other, _) = t.add(request("lightdm", tty: ":1"), owner: nil)
+        #expect(t.choose(for: "alice") == .namesNobody)
+        #expect(t.takingPushes.isEmpty)
         let (locker, _) = t.add(request("swaylock", tty: "", user: "bob"), owner: nil)
-        t[locker]!.waiting = true
         #expect(t.choose(for: "alice") == .otherUser)
         #expect(t.choose(for: "bob") == .prompt(locker))
-        let (greeter, _) = t.add(request("lightdm", tty: ":0"), owner: nil)
-        t[greeter]!.waiting = true
+        let (greeter, _) = t.add(request("lightdm", tty: ":0", user: "alice"), owner: nil)
         #expect(t.choose(for: "alice") == .prompt(greeter))
-        // bob's push could now reach his locker or the greeter: the box does not guess.
+        #expect(t.takingPushes.map(\.id) == [locker, greeter])
+        // bob's push could reach his locker or a greeter with bob chosen: the box does not guess.
+        _ = t.add(request("lightdm", tty: ":2", user: "bob"), owner: nil)
         guard case .ambiguous(let names) = t.choose(for: "bob") else { Issue.record("\(t.choose(for: "bob"))"); return }
         #expect(names.count == 2)
+        #expect(t[other]!.request.expectedUser.isEmpty)
     }
 
     @Test func aNewPromptOnTheSameTerminalSupersedesTheOld() {

@@ -1,16 +1,27 @@
 import BoxkeyCore
 @testable import BoxkeyDaemon
+import BoxkeyPhone
 import BoxkeyRadio
 import Testing
 
 /// Walk-away on a session that nothing locks (a text console: logind's LockSession only signals
 /// it, and LockedHint stays false): `[presence] not_locked` decides.
 @Suite(.serialized) struct WalkAwayTests {
-    /// alice logs in with a phone into session `id` (of `type`), then the phone leaves.
-    func walkAway(_ h: BoxHarness, session id: String, type: String) async throws {
-        let link = try #require(try await h.honestLogin(0x41, keep: true))
+    /// alice logs in with her phone into session `id` (of `type`; opened by the push, so bound to
+    /// the phone by its ticket, unless `bound` is false), then the phone leaves.
+    func walkAway(_ h: BoxHarness, session id: String, type: String, bound: Bool = true) async throws {
+        let (identity, central) = await h.phone(0x41, enrolledFor: "alice")
+        let key = h.box.identity.keyPair.publicKey
+        let prompt = try await h.prompt()
+        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))
+        guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+        guard case .push(_, _, let ticket) = await h.box.take(prompt, wait: .seconds(5)) else { Issue.record("no push"); return }
+        await h.box.report(prompt, .accepted, reason: "")
+        guard case .loginResult = try await link.next(timeout: .seconds(5)) else { Issue.record("no result"); return }
         h.sessions.add(LoginSession(id: id, uid: 1000, user: "alice", tty: type == "tty" ? "tty1" : "", type: type))
-        await h.box.openSession(user: "alice", sessionID: id, service: "login", ticket: "")
+        await h.box.openSession(user: "alice", sessionID: id, service: "login", ticket: bound ? ticket : "")
         await link.close()
     }
 
@@ -29,6 +40,16 @@ import Testing
         try await h.run {
             try await walkAway(h, session: "7", type: "tty")
             #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 7", "terminate 7"])
+        }
+    }
+
+    @Test func aConsoleThisPhoneDidNotOpenIsLockedAndNeverEnded() async throws {
+        // A console alice logged into by typing: the phone's walk-away locks it (fail closed),
+        // but does not end what the phone never opened.
+        let h = try BoxHarness { $0.lockConfirm = .seconds(1) }
+        try await h.run {
+            try await walkAway(h, session: "6", type: "tty", bound: false)
+            #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 6"])
         }
     }
 

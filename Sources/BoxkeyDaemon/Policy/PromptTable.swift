@@ -19,8 +19,8 @@ public struct PromptTable: Sendable {
         /// When the current step ends: a held push, an offer, an Enter waiting for a phone, a
         /// delivered push's verdict. nil: open, nothing to wait for.
         public var deadline: Duration?
-        /// Open and free: no push held or delivered, no offer on it. Only such a prompt takes a
-        /// push (or an offer).
+        /// Open and free: no push held or delivered. Only such a prompt takes a push (or an
+        /// offer), and only one that names its user (`expectedUser`).
         public var waiting = true
         /// Set once a push went to this prompt: whose it was, for the outcome relay.
         public var verifying: Verifying?
@@ -28,8 +28,8 @@ public struct PromptTable: Sendable {
         public var held: PromptAnswer?
         /// The module has the push: the stack is verifying it.
         public var delivered = false
-        /// Enter was pressed and the module waits for a phone on its way (the box holds its
-        /// continuation).
+        /// Enter was pressed with an offer here: the module waits for that phone's push (the
+        /// box holds its continuation).
         public var entered = false
         /// A proximity offer shown at this prompt: only that phone may push here, for that
         /// user, and only after the person asked (`intent`).
@@ -82,6 +82,9 @@ public struct PromptTable: Sendable {
         case none
         /// Prompts are waiting, but none may log in this user.
         case otherUser
+        /// Only prompts that name no user yet are waiting (a greeter's "other user" before the
+        /// name is typed): Enter there would log in whoever's push happened to wait.
+        case namesNobody
         /// More than one prompt could take it: the box does not guess.
         case ambiguous([String])
     }
@@ -108,14 +111,19 @@ public struct PromptTable: Sendable {
     /// The open prompts free for a push.
     public var waiting: [Prompt] { prompts.values.filter(\.waiting).sorted { $0.id < $1.id } }
 
-    /// Which prompt a push for `user` goes to: the only open, free prompt that may log in that
-    /// user — a greeter (no expected user), a console login for that user, that user's locker.
+    /// The open prompts that could take a push: free, and for a named user.
+    public var takingPushes: [Prompt] { waiting.filter { !$0.request.expectedUser.isEmpty } }
+
+    /// Which prompt a push for `user` goes to: the only open, free prompt for that user — a
+    /// console login where the name was typed, a greeter with the user chosen, that user's
+    /// locker. A prompt that names nobody takes no push: the person pressing Enter there would
+    /// be logged in as whoever's push waited.
     public func choose(for user: String) -> Choice {
         let open = waiting
         guard !open.isEmpty else { return .none }
-        let fit = open.filter { $0.request.expectedUser.isEmpty || $0.request.expectedUser == user }
+        let fit = open.filter { $0.request.expectedUser == user }
         switch fit.count {
-        case 0: return .otherUser
+        case 0: return open.allSatisfy(\.request.expectedUser.isEmpty) ? .namesNobody : .otherUser
         case 1: return .prompt(fit[0].id)
         default: return .ambiguous(fit.map(\.description))
         }
