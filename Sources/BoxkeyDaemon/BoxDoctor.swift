@@ -20,7 +20,9 @@ public enum BoxDoctor {
 
     public static func run(config: DaemonConfig, configProblem: String?, configPath: String, pamDirectory: String = "/etc/pam.d") async -> DoctorReport {
         var report = DoctorReport()
-        if let configProblem {
+        if let ownership = DaemonConfig.ownershipProblem(configPath) {
+            report.fail("configuration", ownership, do: "boxkeyd will not start (exit 78) until then")
+        } else if let configProblem {
             report.fail("configuration", configProblem, do: "fix the line it names; `boxkeyd --check-config` checks again (boxkeyd.conf(5))")
         } else {
             report.ok("configuration", FileManager.default.fileExists(atPath: configPath) ? configPath : "\(configPath) absent: every default")
@@ -231,6 +233,16 @@ public enum BoxDoctor {
         } else {
             report.ok("state", "\(path), root only")
         }
+        // The same rule the daemon applies before it believes a file (PrivateFiles.readOwn); as
+        // root only, as the daemon runs.
+        guard geteuid() == 0 else { return report }
+        for (name, secret) in [("identity", true), ("phones.json", false), ("escrow.json", true), ("fleet-roster.json", false)] {
+            let file = "\(path)/\(name)"
+            do { _ = try PrivateFiles.readOwn(file, secret: secret) } catch {
+                report.fail("state \(name)", "\(error)", do: "fix it as said, or restore the file from a backup of the box's own; boxkeyd will not start (exit 78) until then")
+            }
+        }
         return report
     }
+
 }

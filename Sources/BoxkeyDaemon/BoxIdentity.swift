@@ -20,10 +20,9 @@ public struct BoxIdentity: Sendable {
     /// Loads the identity, or creates it if the file does not exist. `configuredID` overrides
     /// the stored ID (an admin may renumber a box); `avoid` lists IDs heard nearby.
     public static func loadOrCreate(directory: String, configuredID: BoxID?, avoid: Set<BoxID> = []) throws -> BoxIdentity {
-        try PrivateFiles.ensureDirectory(directory)
+        try PrivateFiles.ensureOwnDirectory(directory)
         let path = directory + "/identity"
-        if FileManager.default.fileExists(atPath: path) {
-            let identity = try load(path: path)
+        if let identity = try loadIfPresent(path: path) {
             if let configuredID, configuredID != identity.boxID {
                 let renumbered = BoxIdentity(boxID: configuredID, keyPair: identity.keyPair)
                 try renumbered.save(path: path)
@@ -46,8 +45,20 @@ public struct BoxIdentity: Sendable {
     }
 
     public static func load(path: String) throws -> BoxIdentity {
-        guard let data = FileManager.default.contents(atPath: path), var text = String(data: data, encoding: .utf8) else {
-            throw Error(description: "\(path) exists but cannot be read; fix its permissions or restore it from backup (phones have pinned this box's key, so boxkeyd will not make a new one)")
+        guard let identity = try loadIfPresent(path: path) else { throw Error(description: "\(path): no such file") }
+        return identity
+    }
+
+    /// The identity in `path`, nil when there is none. The file must be the daemon's own and
+    /// private (`PrivateFiles.readOwn`): a key another account could have read or replaced is
+    /// never used, and never silently replaced either.
+    public static func loadIfPresent(path: String) throws -> BoxIdentity? {
+        let bytes: [UInt8]?
+        do { bytes = try PrivateFiles.readOwn(path, secret: true) } catch { throw Error(description: "\(error)") }
+        guard var data = bytes else { return nil }
+        defer { secureZero(&data) }
+        guard var text = String(validating: data, as: UTF8.self) else {
+            throw Error(description: "\(path) is not text; restore it from backup (phones have pinned this box's key, so boxkeyd will not make a new one)")
         }
         defer { text = String(repeating: " ", count: text.count) }
         let lines = text.split(separator: "\n").map(String.init)

@@ -16,6 +16,8 @@ import NIOConcurrencyHelpers
 public enum Daemon {
     public struct StartError: Error, CustomStringConvertible {
         public let description: String
+        /// 78 (EX_CONFIG) when a file is to blame (its owner, mode or content), else 1.
+        public var exitCode: Int32 = 1
     }
 
     /// The simulated radio address of a box: stable per box ID, so phones find it again.
@@ -32,23 +34,33 @@ public enum Daemon {
         // Until the reload service listens, a SIGHUP (a `systemctl reload` while it waits for
         // the adapter) must not end the daemon: its default action would.
         signal(SIGHUP, SIG_IGN)
+        // The box's own files first, before waiting for any radio: a state folder or file that
+        // another account could have written stops the daemon at once (exit 78), saying which
+        // and what to run; it is never believed, and never silently made private.
+        let stored: BoxIdentity?
+        let registry: PhoneRegistry
+        let escrow: EscrowStore
+        do {
+            try PrivateFiles.ensureOwnDirectory(config.stateDirectory)
+            stored = try BoxIdentity.loadIfPresent(path: config.stateDirectory + "/identity")
+            registry = try PhoneRegistry.load(directory: config.stateDirectory)
+            escrow = try EscrowStore.load(directory: config.stateDirectory)
+        } catch {
+            throw StartError(description: "\(error)", exitCode: 78)
+        }
         let boxRadio = try await openRadio(config, logger: logger)
         defer { boxRadio.shutdown() }
 
         // Avoid IDs heard nearby when making one up.
         var heard: Set<BoxID> = []
-        if config.boxID == nil, !FileManager.default.fileExists(atPath: config.stateDirectory + "/identity") {
+        if config.boxID == nil, stored == nil {
             heard = await nearbyBoxIDs(boxRadio.scanner, for: .seconds(2))
         }
         let identity: BoxIdentity
-        let registry: PhoneRegistry
-        let escrow: EscrowStore
         do {
             identity = try BoxIdentity.loadOrCreate(directory: config.stateDirectory, configuredID: config.boxID, avoid: heard)
-            registry = try PhoneRegistry.load(directory: config.stateDirectory)
-            escrow = try EscrowStore.load(directory: config.stateDirectory)
         } catch {
-            throw StartError(description: "\(error)")
+            throw StartError(description: "\(error)", exitCode: 78)
         }
         let peripheral = try await boxRadio.peripheral(identity.boxID)
         let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),

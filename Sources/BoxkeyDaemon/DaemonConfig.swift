@@ -1,6 +1,7 @@
 import BoxkeyHost
 import BoxkeyCore
 import FoundationEssentials
+import Glibc
 
 /// `/etc/boxkey/boxkeyd.conf` (flat TOML: `ConfigFile`). Every key is optional; docs/operations.md lists them
 /// with their defaults, which are the values below.
@@ -206,7 +207,24 @@ public struct DaemonConfig: Sendable, Equatable {
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
             throw Error("\(path): cannot read the file")
         }
+        if let problem = ownershipProblem(path) { throw Error(problem) }
         return try parse(text, source: path)
+    }
+
+    /// The configuration decides who may log in how: a file another account could write is not
+    /// read. It must belong to root (or to the user the daemon runs as) and be writable by no
+    /// one else.
+    public static func ownershipProblem(_ path: String) -> String? {
+        var s = stat()
+        guard stat(path, &s) == 0 else { return nil }
+        let me = geteuid()
+        if s.st_uid != 0, s.st_uid != me {
+            return "\(path) belongs to uid \(s.st_uid): not read (it must be root's). Run: chown root: \(path)"
+        }
+        if s.st_mode & 0o022 != 0 {
+            return "\(path) has mode \(String(s.st_mode & 0o7777, radix: 8)): others may write it, so it is not read. Run: chmod go-w \(path)"
+        }
+        return nil
     }
 
     /// Parses and validates; unknown sections and keys are errors, so a typo never silently

@@ -21,7 +21,7 @@ public struct EscrowStore: Sendable {
     public static func load(directory: String) throws -> EscrowStore {
         var store = EscrowStore(path: directory + "/escrow.json")
         let bytes: [UInt8]?
-        do { bytes = try PrivateFiles.read(store.path) } catch { throw BoxIdentity.Error(description: "\(error)") }
+        do { bytes = try PrivateFiles.readOwn(store.path, secret: true) } catch { throw BoxIdentity.Error(description: "\(error)") }
         guard let bytes else { return store }
         do {
             store.records = try AdminJSON.decode([Record].self, String(decoding: bytes, as: UTF8.self))

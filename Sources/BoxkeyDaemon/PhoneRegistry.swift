@@ -47,14 +47,14 @@ public struct PhoneRegistry: Sendable {
     public static func load(directory: String) throws -> PhoneRegistry {
         let path = directory + "/phones.json"
         var registry = PhoneRegistry(path: path)
-        guard FileManager.default.fileExists(atPath: path) else { return registry }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw BoxIdentity.Error(description: "\(path) exists but cannot be read")
-        }
+        // Who may log in as whom: only a file the daemon alone could have written is believed.
+        let bytes: [UInt8]?
+        do { bytes = try PrivateFiles.readOwn(path) } catch { throw BoxIdentity.Error(description: "\(error)") }
+        guard let bytes else { return registry }
         do {
             let decoder = JSONDecoder()
             decoder.dateDecodingStrategy = .iso8601
-            registry.phones = try decoder.decode([Phone].self, from: data)
+            registry.phones = try decoder.decode([Phone].self, from: Data(bytes))
         } catch {
             throw BoxIdentity.Error(description: "\(path) is corrupt (\(error)); restore it from backup — it records which phones are revoked")
         }

@@ -61,6 +61,10 @@ public enum PrivateFiles {
             throw Failure("cannot read \(path): \(e == ENOENT ? "it is a link to a missing file" : String(cString: strerror(e)))")
         }
         defer { close(fd) }
+        return try readAll(fd, path: path)
+    }
+
+    private static func readAll(_ fd: Int32, path: String) throws(Failure) -> [UInt8] {
         var out: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
         defer { chunk.withUnsafeMutableBytes { _ = memset($0.baseAddress!, 0, $0.count) } }
@@ -70,6 +74,56 @@ public enum PrivateFiles {
             guard n >= 0 else { throw Failure("cannot read \(path): \(errnoText())") }
             if n == 0 { return out }
             out += chunk[0..<n]
+        }
+    }
+
+    /// A file of a daemon's own state (the box's), or nil when there is none. It must be this
+    /// process's own and writable by no one else — a `secret` one readable by no one else either
+    /// — and a regular file, not a link. Anything else is an error naming the file and the fix:
+    /// a file another account could have written (a restore, an umask slip, a lax backup) is
+    /// never believed, and never silently made private.
+    public static func readOwn(_ path: String, secret: Bool = false) throws(Failure) -> [UInt8]? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard fd >= 0 else {
+            let e = errno
+            if e == ENOENT { return nil }
+            if e == ELOOP { throw Failure("\(path) is a symbolic link: not used (the box's state is plain files of its own)") }
+            throw Failure("cannot read \(path): \(String(cString: strerror(e)))")
+        }
+        defer { close(fd) }
+        var s = stat()
+        guard fstat(fd, &s) == 0 else { throw Failure("cannot read \(path): \(errnoText())") }
+        guard (s.st_mode & S_IFMT) == S_IFREG else { throw Failure("\(path) is not a regular file: not used") }
+        try checkOwn(s, path: path, secret: secret)
+        return try readAll(fd, path: path)
+    }
+
+    /// The box's state directory: created 0700; an existing one must be this process's own and
+    /// writable by no one else (then it is made 0700). Not a link.
+    public static func ensureOwnDirectory(_ path: String) throws(Failure) {
+        var s = stat()
+        if lstat(path, &s) != 0 {
+            guard errno == ENOENT else { throw Failure("cannot look at \(path): \(errnoText())") }
+            try ensureDirectory(path)
+            return
+        }
+        guard (s.st_mode & S_IFMT) == S_IFDIR else { throw Failure("\(path) is not a directory\((s.st_mode & S_IFMT) == S_IFLNK ? " (a symbolic link)" : ""): not used") }
+        try checkOwn(s, path: path, secret: false)
+        guard chmod(path, 0o700) == 0 else { throw Failure("cannot make \(path) private: \(errnoText())") }
+    }
+
+    /// Owned by this process's user, and (for `secret`, no access at all) no write for others.
+    static func checkOwn(_ s: stat, path: String, secret: Bool) throws(Failure) {
+        let me = geteuid()
+        guard s.st_uid == me else {
+            throw Failure("\(path) belongs to uid \(s.st_uid), not to uid \(me) that runs boxkeyd: not used. If it is this box's own, run: chown \(me) \(path)")
+        }
+        let mask: mode_t = secret ? 0o077 : 0o022
+        guard s.st_mode & mask == 0 else {
+            let mode = String(s.st_mode & 0o7777, radix: 8)
+            let directory = (s.st_mode & S_IFMT) == S_IFDIR
+            let what = secret ? "others may read or write it" : "others may write it"
+            throw Failure("\(path) has mode \(mode): \(what), so it is not used. If it is this box's own, run: chmod \(directory ? "700" : "600") \(path)")
         }
     }
 

@@ -12,7 +12,7 @@ struct Boxkeyd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "boxkeyd",
         abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
-        discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; boxkeyd.conf(5) documents every key). Admin commands talk to the running daemon over its root-only socket. SIGHUP re-reads the configuration (boxkeyd(8)).\n\nExit status: 0 success; 1 failure (the daemon could not start, or refused the request; doctor: a check failed); 64 bad arguments; 69 the daemon is not answering; 78 the configuration file is invalid.",
+        discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; boxkeyd.conf(5) documents every key). Admin commands talk to the running daemon over its root-only socket. SIGHUP re-reads the configuration (boxkeyd(8)).\n\nExit status: 0 success; 1 failure (the daemon could not start, or refused the request; doctor: a check failed); 64 bad arguments; 69 the daemon is not answering; 78 the configuration file is invalid, or a state file is not the daemon's own, is writable by others, or is corrupt.",
         version: "boxkeyd \(BoxkeyRelease.description)",
         subcommands: [Run.self, Status.self, PairCode.self, Phones.self, Fleet.self, Doctor.self],
         defaultSubcommand: Run.self)
@@ -99,7 +99,7 @@ extension Boxkeyd {
                 try await Daemon.run(config: config, logger: logger, reload: { try DaemonConfig.load(path: path, missingIsError: true) })
             } catch let error as Daemon.StartError {
                 logger.critical("cannot start: \(error.description)")
-                throw ExitCode(1)
+                throw ExitCode(error.exitCode)
             }
         }
     }

@@ -100,11 +100,14 @@ public struct FleetRoster: Sendable, Codable, Equatable {
     // MARK: - The cache file
 
     public static func load(path: String) throws -> FleetRoster? {
-        guard FileManager.default.fileExists(atPath: path) else { return nil }
-        guard let data = FileManager.default.contents(atPath: path) else { throw BoxIdentity.Error(description: "\(path) exists but cannot be read") }
+        // A cache another account could have written vouches for nobody: not used, said loudly,
+        // and the next read of the directory replaces it.
+        let bytes: [UInt8]?
+        do { bytes = try PrivateFiles.readOwn(path) } catch { throw BoxIdentity.Error(description: "\(error); the next read of the directory replaces it") }
+        guard let bytes else { return nil }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        do { return try decoder.decode(FleetRoster.self, from: data) } catch {
+        do { return try decoder.decode(FleetRoster.self, from: Data(bytes)) } catch {
             throw BoxIdentity.Error(description: "\(path) is corrupt (\(error)); it is only a cache: the next read of the directory replaces it")
         }
     }
