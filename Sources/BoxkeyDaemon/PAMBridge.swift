@@ -184,12 +184,13 @@ private func writePush(user: String, password: SecureBytes, ticket: String, to c
         }
         return length
     }
-    let written = buffer.withUnsafeReadableBytes { $0.baseAddress }
     defer {
-        // Once the write completed the channel holds no reference, so this wipes the storage
-        // the socket read from, not a copy (the base address says which).
-        buffer.withUnsafeMutableReadableBytes { bytes in
-            if UnsafeRawPointer(bytes.baseAddress) == written { bytes.initializeMemory(as: UInt8.self, repeating: 0) }
+        // The storage the socket read from, in place. A mutable view would copy it first while
+        // the channel still holds a reference (copy on write: under load NIO releases its
+        // reference a moment after the write's future completes), and the original would be
+        // freed with the frame in it; the read-only view of the whole storage never copies.
+        buffer.withVeryUnsafeBytes { storage in
+            if let base = storage.baseAddress { memset(UnsafeMutableRawPointer(mutating: base), 0, storage.count) }
         }
     }
     try await channel.writeAndFlush(buffer)

@@ -64,10 +64,14 @@ def stop_process(p, sig=signal.SIGTERM, grace=5.0):
         return True
 
 
-def memory_count(pid, secret):
+def memory_count(pid, secret, run=None):
     """How many times `secret` (bytes) is in process `pid`'s readable, writable memory (root
-    reads /proc/PID/mem even of a non-dumpable process)."""
+    reads /proc/PID/mem even of a non-dumpable process). With `run`, any `run`-byte piece of
+    it counts: a freed heap block keeps a copy minus its first 16 bytes (malloc's own pointers),
+    which a search for the whole secret misses."""
+    pieces = [secret] if run is None else {secret[i:i + run] for i in range(len(secret) - run + 1)}
     hits, chunk = 0, 1 << 24
+    overlap = max(len(p) for p in pieces) - 1
     with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
         for line in maps:
             fields = line.split()
@@ -77,10 +81,10 @@ def memory_count(pid, secret):
             for at in range(start, end, chunk):
                 try:
                     mem.seek(at)
-                    data = mem.read(min(chunk + len(secret) - 1, end - at))
+                    data = mem.read(min(chunk + overlap, end - at))
                 except (OSError, ValueError, OverflowError):
                     break
-                hits += data.count(secret)
+                hits += sum(data.count(p) for p in pieces)
     return hits
 
 
@@ -487,9 +491,10 @@ class World:
         assert m, status
         return m.group(1)
 
-    def box_memory_count(self, secret):
-        """How many times `secret` (bytes) is in boxkeyd's readable, writable memory."""
-        return memory_count(self.box_process.pid, secret)
+    def box_memory_count(self, secret, run=None):
+        """How many times `secret` (bytes), or with `run` any piece of it that long, is in
+        boxkeyd's readable, writable memory."""
+        return memory_count(self.box_process.pid, secret, run)
 
     # --- phones ----------------------------------------------------------------------------
     def phone_env(self, who="alice"):
