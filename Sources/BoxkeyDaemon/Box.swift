@@ -338,8 +338,17 @@ public actor Box {
 
     /// The policy check once a phone's key is known (right after message 1): unknown keys may
     /// only pair; revoked keys nothing; a phone over its rejection budget waits.
+    static let slotsPerPhone = 2
+
     private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, fromLimitedAddress limited: Bool, now: Duration) -> Refusal.Code? {
         if registry.isRevoked(phone) { return .phoneRevoked }
+        // One key holds at most two slots (a presence link and a login, or a link whose end
+        // the radio has not reported yet): a phone that keeps opening links cannot fill the box.
+        let held = links.values.filter { !$0.dropped && $0.connection.state != .closed && $0.connection.phoneKey == phone }.count
+        if held >= Self.slotsPerPhone {
+            audit.audit(.notice, .connectionRefused, "refused phone \(phone.fingerprint): it already holds \(held) connections", phone: phone.fingerprint)
+            return .busy
+        }
         if limited, enrolledUsers(of: phone).isEmpty { return .rateLimited }
         if kind == .login, enrolledUsers(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
             return .notEnrolled
@@ -463,7 +472,7 @@ public actor Box {
         var outcome = ActionResult.Outcome.done
         // One phone per code: a second phone that handshook under it before the first
         // confirmed finds it used up.
-        guard enrolment.current(now: now)?.code == code.code else {
+        guard enrolment.confirmable(code.code, now: now) else {
             audit.audit(.notice, .pairingFailed, "pairing refused: phone \(phone.fingerprint): the code was used up or expired before it confirmed", phone: phone.fingerprint)
             guard var connection = links[id]?.connection else { return }
             let output = connection.finishAction(ActionResult(action: .pair, outcome: .failed))

@@ -152,6 +152,35 @@ struct BoxHarness {
         }
     }
 
+    /// One enrolled key opening link after link (from ever new addresses, as an attacker who
+    /// copied a phone's key, or a buggy phone, would) holds two slots, not the whole box.
+    @Test func onePhoneKeyHoldsAtMostTwoSlots() async throws {
+        let h = try BoxHarness()
+        try await h.run {
+            let (identity, _) = await h.phone(0x30, enrolledFor: "alice")
+            let key = h.box.identity.keyPair.publicKey
+            var held: [BoxLink] = []
+            for n in 0..<3 {
+                let central = h.air.central(DeviceAddress(String(format: "00:50:48:00:01:%02X", n))!, at: 1)
+                let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+                do {
+                    held.append(try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central))
+                    #expect(n < 2, "a third link for one key was let in")
+                } catch BoxLink.Failure.refused(let r) {
+                    #expect(n == 2 && r.code == .busy, "link \(n) refused: \(r.code)")
+                }
+            }
+            #expect(held.count == 2)
+            try await h.honestLogin(0x31)           // another phone still gets in
+            await held[0].close()
+            try await Task.sleep(for: .milliseconds(200))
+            let central = h.air.central(DeviceAddress("00:50:48:00:01:10")!, at: 1)
+            let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+            held.append(try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central))  // a slot freed
+            for link in held { await link.close() }
+        }
+    }
+
     /// BlueZ (and the model of it) sends every notification to every subscribed phone: two
     /// phones logging in at once each get their own answers, rounds after rounds.
     @Test func twoPhonesLoggingInAtOnceEachGetTheirOwnAnswers() async throws {

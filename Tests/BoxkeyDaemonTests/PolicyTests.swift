@@ -24,6 +24,26 @@ struct PolicyTests {
         #expect(e.current(now: .seconds(16) + .seconds(120)) == nil)            // expired
     }
 
+    @Test func theRightCodeOnTheLastTryStillPairs() {
+        var e = Enrolment(lifetime: .seconds(120), tries: 3, pendingWindow: .seconds(300))
+        let code = e.codeForPrompt(user: nil, now: .zero)!
+        e.attempted(now: .seconds(1)); e.attempted(now: .seconds(2))           // two wrong guesses
+        e.attempted(now: .seconds(3))                                           // the third begins
+        #expect(e.current(now: .seconds(4)) == nil)                             // no fourth handshake
+        var confirms = e.confirmable(code.code, now: .seconds(4))
+        #expect(confirms)                                                       // the third completes
+        let shown = e.codeForPrompt(user: nil, now: .seconds(4))!               // prompts move on
+        #expect(shown.code != code.code)
+        confirms = e.confirmable(code.code, now: .seconds(3) + Enrolment.handshakeTime)
+        #expect(!confirms)                                                      // only for a handshake's time
+        var f = Enrolment(lifetime: .seconds(120), tries: 1, pendingWindow: .seconds(300))
+        let only = f.codeForPrompt(user: nil, now: .zero)!
+        f.attempted(now: .seconds(1))
+        _ = f.paired(phone, code: only, now: .seconds(2))
+        confirms = f.confirmable(only.code, now: .seconds(3))
+        #expect(!confirms)                                                      // single use
+    }
+
     @Test func provingTheCodeUsesItUpAndLeavesThePhonePendingForAWhile() {
         var e = Enrolment(lifetime: .seconds(120), tries: 3, pendingWindow: .seconds(300))
         let code = e.codeForPrompt(user: "alice", now: .zero)!

@@ -78,7 +78,7 @@ def test_unenrolled_phones_are_refused_and_do_not_lock_out_alice(world):
     assert world.finish(prompt)[0] == 0
 
 
-def test_wrong_pairing_code_fails_and_uses_one_of_three_tries(world):
+def test_wrong_pairing_code_fails_and_uses_one_of_three_tries_the_last_one_still_pairs(world):
     world.start_box()
     code = world.pairing_code()
     wrong = f"{(int(code) + 1) % 1_000_000:06d}"
@@ -89,9 +89,16 @@ def test_wrong_pairing_code_fails_and_uses_one_of_three_tries(world):
     assert r.returncode == 9 and "no pairing code" in r.stderr, r.stdout + r.stderr
     code = world.pairing_code()
     wrong = f"{(int(code) + 1) % 1_000_000:06d}"
+    for _ in range(2):
+        r = world.pair(wrong, who="bob")
+        assert r.returncode == 10 and "3 tries" in r.stderr, r.stdout + r.stderr
+    r = world.pair(code, who="bob")  # the right code on the last try pairs
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = world.pairing_code()
+    wrong = f"{(int(code) + 1) % 1_000_000:06d}"
     for _ in range(3):
-        assert world.pair(wrong, who="bob").returncode == 10
-    r = world.pair(code, who="bob")  # the three tries are spent: the code is gone
+        assert world.pair(wrong, who="carol").returncode == 10
+    r = world.pair(code, who="carol")  # the three tries are spent: the code is gone
     assert r.returncode == 9 and "no pairing code" in r.stderr, r.stdout + r.stderr
 
 

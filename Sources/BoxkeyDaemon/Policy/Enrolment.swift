@@ -31,6 +31,9 @@ public struct Enrolment: Sendable {
     public var tries: Int
     public var pendingWindow: Duration
     public private(set) var live: LiveCode?
+    /// The code whose last try is a handshake under way, for as long as a handshake may take.
+    private var lastTry: LiveCode?
+    static let handshakeTime: Duration = .seconds(30)
     private var pending: [PublicKey: Pending] = [:]
 
     public init(lifetime: Duration = .seconds(120), tries: Int = 3, pendingWindow: Duration = .seconds(300)) {
@@ -39,10 +42,18 @@ public struct Enrolment: Sendable {
         self.pendingWindow = pendingWindow
     }
 
-    /// The live code, if any, after expiry.
+    /// The live code a new pairing handshake may use: not expired, a try left.
     public mutating func current(now: Duration) -> LiveCode? {
-        if let l = live, l.expires <= now || l.triesLeft <= 0 { live = nil }
+        if let l = live, l.expires <= now { live = nil }
         return live
+    }
+
+    /// Whether a pairing handshake begun under `code` may still complete. A try is charged when
+    /// a handshake begins (each tests one guess), so the code that took its last try waits in
+    /// `lastTry` for that handshake: the right code on the last try still pairs.
+    public mutating func confirmable(_ code: PairingCode, now: Duration) -> Bool {
+        if let l = lastTry, l.expires <= now { lastTry = nil }
+        return current(now: now)?.code == code || lastTry?.code == code
     }
 
     /// The code a new prompt shows: the live one, or a fresh one for `user`. An admin's code
@@ -65,12 +76,18 @@ public struct Enrolment: Sendable {
     public mutating func attempted(now: Duration) {
         guard current(now: now) != nil else { return }
         live!.triesLeft -= 1
+        if live!.triesLeft <= 0 {
+            lastTry = live
+            lastTry!.expires = min(live!.expires, now + Self.handshakeTime)
+            live = nil
+        }
     }
 
     /// A phone proved the code (its `pair` message decrypted): the code is used up. Returns
     /// the user to enrol at once, or nil when the phone is now pending.
     public mutating func paired(_ phone: PublicKey, code: LiveCode, now: Duration) -> String? {
         if live?.code == code.code { live = nil }
+        if lastTry?.code == code.code { lastTry = nil }
         if code.enrolsAtPairing, let user = code.user { return user }
         pending[phone] = Pending(user: code.user, until: now + pendingWindow)
         return nil
