@@ -502,6 +502,7 @@ public actor Box {
     /// the box; with a user, the phone that proves it is enrolled for that user at once.
     public func newPairingCode(user: String) -> PAMReply {
         if !user.isEmpty, uid(of: user) == nil { return .error("no such user: \(user)") }
+        if !user.isEmpty, !mayEnrol(user) { return .error(Self.rootRefusal) }
         let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, byAdmin: true, now: clock.now)
         audit.audit(.notice, .pairingCode, "pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")", user: user.isEmpty ? nil : user)
         return .text("Pairing code for box \(identity.boxID): \(live.code) (valid \(config.pairingCodeLifetime.components.seconds) s, \(live.triesLeft) tries)\(user.isEmpty ? "" : "; enrols the phone for \(user)")")
@@ -511,6 +512,7 @@ public actor Box {
     public func enrolPhone(key: String, user: String, name: String) -> PAMReply {
         guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { return .error("a phone key is 64 hex digits (boxkey status shows it)") }
         guard !user.isEmpty, uid(of: user) != nil else { return .error("no such user: \(user)") }
+        guard mayEnrol(user) else { return .error(Self.rootRefusal) }
         do {
             try registry.enrol(phone, user: user, name: name, by: "admin")
             audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin", phone: phone.fingerprint, user: user)
@@ -528,7 +530,7 @@ public actor Box {
         let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
         let enrolledFor = enrolledUsers(of: phone)
         let pending = enrolment.pendingEnrolment(of: phone, now: now)
-        guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user)) else {
+        guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user) && mayEnrol(user)) else {
             audit.audit(.notice, .pushRefused, "refused push: \(who): this phone is not enrolled for that user", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
             return
@@ -799,7 +801,7 @@ public actor Box {
     /// the login on record, the session it unlocked bound to the phone, and its presence link.
     private func credit(_ phone: PublicKey, user: String, name: String, on link: CentralID, session: LoginSession?,
                         service: String, now: Duration) {
-        if !enrolledUsers(of: phone).contains(user) {
+        if !enrolledUsers(of: phone).contains(user), mayEnrol(user) {
             do {
                 try registry.enrol(phone, user: user, name: name, by: "pairing code")
                 audit.audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) (\(logSafe(name))) for user \(logSafe(user)) by its first login under a pairing code", phone: phone.fingerprint, user: user)
@@ -1404,6 +1406,8 @@ public actor Box {
     public func phoneList() -> String { AdminJSON.encode(registry.phones) }
 
     public func revoke(fingerprint: String) -> PAMReply {
+        // A digit or two would pick some phone: revoking is for one the admin can name.
+        guard fingerprint.filter({ $0 != "-" }).count >= 4 else { return .error("give at least 4 hex digits of the fingerprint") }
         do {
             let phone: PhoneRegistry.Phone
             if let fleetPhone = fleetPhone(fingerprint: fingerprint), registry.phone(fleetPhone.key) == nil {
@@ -1471,6 +1475,10 @@ public actor Box {
     }
 
     nonisolated func uid(of user: String) -> UInt32? { userID(user) }
+
+    /// Whether a phone may be enrolled for `user`: not for root unless `[enrolment] root` says so.
+    func mayEnrol(_ user: String) -> Bool { config.enrolRoot || uid(of: user) != 0 }
+    static let rootRefusal = "phones are not enrolled for root at this box: log in as yourself and use sudo, or set [enrolment] root = true in boxkeyd.conf"
 
     public static let systemUserID: @Sendable (String) -> UInt32? = { user in
         guard let pw = getpwnam(user) else { return nil }

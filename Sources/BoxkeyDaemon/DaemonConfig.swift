@@ -41,6 +41,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var pairingCodeLifetime: Duration = .seconds(120)
     public var pairingCodeTries = 3
     public var pendingEnrolment: Duration = .seconds(300)
+    /// Whether phones may be enrolled for root (uid 0): off, so that no code read off a screen
+    /// and no admin slip makes a phone a root key.
+    public var enrolRoot = false
     // [presence]
     public var policy: Policy = .lock
     /// What walk-away does with a session logind locked that did not then say it is locked
@@ -312,10 +315,11 @@ public struct DaemonConfig: Sendable, Equatable {
             c.rejectedPushesPerUser = try reader.int(t, "rejected_pushes_per_user", 1...10_000) ?? c.rejectedPushesPerUser
             c.rejectionWindow = try reader.seconds(t, "rejection_window_s", 10...86_400) ?? c.rejectionWindow
         }
-        if let t = try reader.section(table, "enrolment", keys: ["code_lifetime_s", "code_tries", "pending_s"]) {
+        if let t = try reader.section(table, "enrolment", keys: ["code_lifetime_s", "code_tries", "pending_s", "root"]) {
             c.pairingCodeLifetime = try reader.seconds(t, "code_lifetime_s", 30...600) ?? c.pairingCodeLifetime
             c.pairingCodeTries = try reader.int(t, "code_tries", 1...10) ?? c.pairingCodeTries
             c.pendingEnrolment = try reader.seconds(t, "pending_s", 30...3600) ?? c.pendingEnrolment
+            c.enrolRoot = try reader.bool(t, "root") ?? c.enrolRoot
         }
         if let t = try reader.section(table, "presence", keys: ["policy", "grace_s", "rssi_lock_dbm", "rssi_return_dbm", "rssi_samples", "rssi_interval_ms", "away_after_s", "keepalive_timeout_s",
                                                                "not_locked", "lock_confirm_s"]) {

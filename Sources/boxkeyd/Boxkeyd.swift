@@ -4,6 +4,7 @@ import BoxkeyDaemon
 import BoxkeyPAMWire
 import BoxkeyHost
 import FoundationEssentials
+import Glibc
 import Logging
 
 /// boxkeyd: the Boxkey box daemon.
@@ -162,11 +163,38 @@ extension Boxkeyd {
             func run() throws { print(try ask(.enrolPhone(key: key, user: user, name: name), options)) }
         }
         struct Revoke: ParsableCommand {
-            static let configuration = CommandConfiguration(abstract: "Revoke a phone: it is refused from now on and its live links are dropped.")
+            static let configuration = CommandConfiguration(abstract: "Revoke a phone: it is refused from now on and its live links are dropped.",
+                                                            discussion: "Names the phone and asks before revoking; --yes skips the question (scripts).")
             @OptionGroup var options: DaemonOptions
-            @Argument(help: "The phone's fingerprint, or a unique prefix of it.")
+            @Argument(help: "The phone's fingerprint, or a unique prefix of it (at least 4 hex digits).")
             var fingerprint: String
-            func run() throws { print(try ask(.revokePhone(fingerprint: fingerprint), options)) }
+            @Flag(name: .shortAndLong, help: "Revoke without asking.") var yes = false
+            func run() throws {
+                guard fingerprint.filter({ $0 != "-" }).count >= 4 else {
+                    Console.error("boxkeyd: give at least 4 hex digits of the fingerprint (boxkeyd phones list shows them)\n")
+                    throw ExitCode(64)   // EX_USAGE
+                }
+                if !yes {
+                    let phones = try AdminJSON.decode([PhoneRegistry.Phone].self, try ask(.listPhones, options))
+                    let matches = phones.filter { Fingerprint.matches($0.fingerprint, prefix: fingerprint) }
+                    // Several or none: the daemon says so (none may still be a fleet directory's phone).
+                    let what = matches.count == 1
+                        ? "phone \(matches[0].fingerprint) (\(matches[0].users.joined(separator: ", ")), \"\(matches[0].name)\")"
+                        : "the fleet directory's phone \(fingerprint)"
+                    if matches.count <= 1 {
+                        guard isatty(0) != 0 else {
+                            Console.error("boxkeyd: not revoking \(what): nobody at a terminal to confirm; add --yes\n")
+                            throw ExitCode(1)
+                        }
+                        Console.out("Revoke \(what) at this box? Its links drop at once. [y/N] ")
+                        guard let answer = readLine(), ["y", "yes"].contains(answer.trimmed.lowercased()) else {
+                            print("not revoked")
+                            throw ExitCode(1)
+                        }
+                    }
+                }
+                print(try ask(.revokePhone(fingerprint: fingerprint), options))
+            }
         }
     }
 }

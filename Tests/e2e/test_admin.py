@@ -89,3 +89,40 @@ def test_doctor_names_a_lax_state_file(world):
     r = world.admin("doctor")
     line = next((l for l in r.stdout.splitlines() if "phones.json" in l), "")
     assert r.returncode == 1 and "mode 664" in line and "chmod 600" in line, r.stdout
+
+
+def test_revoke_names_the_phone_and_asks(world):
+    """Before: `boxkeyd phones revoke 5` revoked by a one-character prefix without a word."""
+    import pexpect
+    world.start_box()
+    world.pair_and_store()
+    phones = json.loads(world.admin("phones", "list", "--json").stdout)
+    fingerprint = phones[0]["fingerprint"]
+    r = world.admin("phones", "revoke", fingerprint[:1])
+    assert r.returncode == 64 and "at least 4 hex digits" in r.stderr, r.stdout + r.stderr
+    r = world.admin("phones", "revoke", fingerprint[:4])  # no terminal: no answer, no revocation
+    assert r.returncode == 1 and "add --yes" in r.stderr and fingerprint in r.stderr, r.stdout + r.stderr
+    cmd = [world.bins["boxkeyd"], "phones", "revoke", fingerprint[:4], "--config", world.config()]
+    child = pexpect.spawn(cmd[0], cmd[1:], env=world.box_env, encoding="utf-8", timeout=20)
+    child.expect(r"Revoke phone (\S+) \(alice, .*\) at this box\? Its links drop at once\. \[y/N\] ")
+    assert child.match.group(1) == fingerprint
+    child.sendline("n")
+    child.expect("not revoked")
+    child.expect(pexpect.EOF)
+    assert not json.loads(world.admin("phones", "list", "--json").stdout)[0].get("revokedAt")
+    child = pexpect.spawn(cmd[0], cmd[1:], env=world.box_env, encoding="utf-8", timeout=20)
+    child.expect(r"\[y/N\] ")
+    child.sendline("y")
+    child.expect(f"revoked {fingerprint}")
+    child.expect(pexpect.EOF)
+    assert json.loads(world.admin("phones", "list", "--json").stdout)[0].get("revokedAt")
+
+
+def test_no_phone_is_enrolled_for_root_unless_the_config_says_so(world):
+    """Before: `boxkeyd pair-code --user root` was accepted: a code read off the admin's screen
+    made a phone a root key."""
+    world.start_box()
+    for args in (("pair-code", "--user", "root"), ("phones", "enrol", "ab" * 32, "--user", "root")):
+        r = world.admin(*args)
+        assert r.returncode != 0 and "not enrolled for root" in r.stderr and "[enrolment] root = true" in r.stderr, r.stdout + r.stderr
+    assert world.admin("pair-code", "--user", "alice").returncode == 0

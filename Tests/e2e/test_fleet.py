@@ -198,7 +198,7 @@ def test_a_box_admin_revokes_a_phone_known_only_from_the_directory(world, direct
     assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
     assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
     fingerprint = re.search(r"fingerprint: (\S+)", world.phone("status").stdout).group(1)
-    r = world.admin("phones", "revoke", fingerprint[:9])
+    r = world.admin("phones", "revoke", "--yes", fingerprint[:9])
     assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
     r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
     assert r.returncode != 0 and "revoked" in r.stderr, r.stdout + r.stderr

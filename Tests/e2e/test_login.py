@@ -213,7 +213,7 @@ def test_revoked_phone_is_refused(world):
     assert world.phone("login", "--no-stay").returncode == 0
     world.finish(greeter)
     fingerprint = re.search(r"([0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4})", world.admin("phones", "list").stdout).group(1)
-    r = world.admin("phones", "revoke", fingerprint[:9])
+    r = world.admin("phones", "revoke", "--yes", fingerprint[:9])
     assert r.returncode == 0 and "revoked" in r.stdout
     world.greeter()
     r = world.phone("login", "--no-stay")

@@ -128,7 +128,7 @@ def test_a_revoked_phone_cannot_key_login(world):
     world.start_box()
     enrol_key_only(world)
     fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
-    assert world.admin("phones", "revoke", fingerprint).returncode == 0
+    assert world.admin("phones", "revoke", "--yes", fingerprint).returncode == 0
     refused_key_login(world, "revoked this phone")
     assert "key login attempt" not in world.box_output()
 
@@ -228,7 +228,7 @@ def test_revoking_the_phone_destroys_its_sealed_password(world):
     r, code, _ = capture(world)
     assert r.returncode == 0 and code == 0, r.stderr
     fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
-    r = world.admin("phones", "revoke", fingerprint)
+    r = world.admin("phones", "revoke", "--yes", fingerprint)
     assert r.returncode == 0 and "destroyed 1 sealed password" in r.stdout, r.stdout + r.stderr
     assert sealed_records(world) == []
 
@@ -444,7 +444,7 @@ def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
     greeter.type_at_prompt(2, PASSWORD + "\n")
     time.sleep(1.5)  # the stack has accepted; the box's own check sleeps
     fingerprint = json.loads(world.admin("phones", "--json").stdout)[0]["fingerprint"]
-    assert world.admin("phones", "revoke", fingerprint).returncode == 0
+    assert world.admin("phones", "revoke", "--yes", fingerprint).returncode == 0
     phone.wait(30)
     world.finish(greeter)
     wait_for(lambda: "not sealing" in world.box_output() or "sealed for this phone" in world.box_output(), timeout=15, what="the check to end")

@@ -245,7 +245,7 @@ def test_a_held_push_of_a_phone_revoked_meanwhile_is_not_delivered(world):
     wait_for(lambda: "push held at" in world.box_output(), what="the held push")
     import re
     fingerprint = re.search(r"([0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4})", world.admin("phones", "list").stdout).group(1)
-    assert world.admin("phones", "revoke", fingerprint).returncode == 0
+    assert world.admin("phones", "revoke", "--yes", fingerprint).returncode == 0
     prompt.type("\n")
     time.sleep(2)
     prompt.kill()
