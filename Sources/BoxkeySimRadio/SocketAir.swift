@@ -44,10 +44,11 @@ public final class SocketAir: Sendable {
 
     public init(directory: String = SocketAir.defaultDirectory, parameters: SimulationParameters = SimulationParameters()) throws {
         self.directory = directory
-        // The air is shared like real air: anyone on the machine may listen and connect.
+        // The air is shared like real air: anyone on the machine may listen and connect. Only
+        // boxes (peripherals) write here; a root box's folder is root's alone to write.
         if !FileManager.default.fileExists(atPath: directory) {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            chmod(directory, 0o1777)
+            chmod(directory, geteuid() == 0 ? 0o755 : 0o1777)
         }
         // Root writes and chmods files here: never in a folder another user owns, where that
         // user could swap a name for a link to a file of root's.

@@ -224,6 +224,11 @@ def configure_box(**sections):
         settings.setdefault(name, {}).update(values)
     text = "".join(f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()) for name, values in settings.items())
     inside("sh", "-c", "cat >/etc/boxkey/boxkeyd.conf", input=text)
+    # The unit makes no folder for the simulated radio unless asked (boxkeyd(8)).
+    inside("mkdir", "-p", "/etc/systemd/system/boxkeyd.service.d")
+    inside("sh", "-c", "cat >/etc/systemd/system/boxkeyd.service.d/simulated-radio.conf",
+           input="[Service]\nRuntimeDirectory=boxkey-sim\n")
+    inside("systemctl", "daemon-reload")
     cursor = journal_cursor()
     inside("systemctl", "restart", "boxkeyd")
     wait_for(lambda: "advertising box 4821" in journal(since=cursor), timeout=20, what="boxkeyd advertising")

@@ -1,6 +1,7 @@
 """The box as admins run it: files another account could have written are never believed
 (the daemon stops with exit 78, naming the file and what to run, and doctor says the same)."""
 import json
+import re
 import os
 import subprocess
 
@@ -126,3 +127,24 @@ def test_no_phone_is_enrolled_for_root_unless_the_config_says_so(world):
         r = world.admin(*args)
         assert r.returncode != 0 and "not enrolled for root" in r.stderr and "[enrolment] root = true" in r.stderr, r.stdout + r.stderr
     assert world.admin("pair-code", "--user", "alice").returncode == 0
+
+
+def json_keys(value, prefix=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield f"{prefix}{k}"
+            yield from json_keys(v, f"{prefix}{k}.")
+    elif isinstance(value, list):
+        for v in value:
+            yield from json_keys(v, prefix)
+
+
+def test_every_status_json_key_is_documented(world):
+    """Scripts read `boxkeyd status --json`: each key it gives is in docs/operations.md."""
+    world.start_box()
+    world.pair_and_store()
+    status = json.loads(world.admin("status", "--json").stdout)
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "operations.md")).read()
+    documented = set(re.findall(r"^\s*\| `([a-zA-Z.]+)` \|", doc, re.M))
+    missing = sorted(set(json_keys(status)) - documented)
+    assert not missing, f"status --json keys not in docs/operations.md: {missing}"
