@@ -107,7 +107,8 @@ public enum PAMStack {
     public static func judge(_ lines: [Line]) -> Verdict {
         guard let at = lines.firstIndex(where: { $0.name == "pam_boxkey" }) else { return .absent }
         let control = lines[at].control
-        // Safe: optional, or [value=action ...] where every action is ok or ignore. Anything
+        // Safe: optional, or [value=action ...] where every action is ok or ignore (conv_err may
+        // also die). Anything
         // else ends, skips or fails the stack on pam_boxkey's word alone.
         if control != "optional" {
             guard control.hasPrefix("[") else {
@@ -118,6 +119,9 @@ public enum PAMStack {
                 guard parts.count == 2 else { return .failsWithoutPush(control: control) }  // libpam: bad
                 let (value, action) = (parts[0], parts[1])
                 if action == "ok" || action == "ignore" { continue }
+                // The packaged profile: a failed conversation (Ctrl-D at the prompt) is the
+                // person's "stop", not a missing push, and must not lead to a second prompt.
+                if value == "conv_err", action == "die" || action == "bad" { continue }
                 if value == "success" || action == "done" || Int(action) != nil { return .endsStack(control: control) }
                 return .failsWithoutPush(control: control)
             }

@@ -84,6 +84,9 @@ import Testing
         #expect(verdict(["login": "auth [success = done default = ignore] pam_boxkey.so\n" + unix]) == .endsStack(control: "[success=done default=ignore]"))
         #expect(verdict(["login": "auth [Success=ok Default=ignore] pam_boxkey.so\n" + unix]) == .failsWithoutPush(control: "[Success=ok Default=ignore]"))
         #expect(verdict(["login": "auth [success=ok] pam_boxkey.so\n" + unix]) == .failsWithoutPush(control: "[success=ok]"))
+        // The packaged profile: conv_err=die stops the stack only when the person ended the
+        // conversation (Ctrl-D), never for want of a push.
+        #expect(verdict(["login": "auth [success=ok conv_err=die default=ignore] pam_boxkey.so ask_password\n" + unix]) == .good(verifier: "pam_unix"))
         let continued = PAMStack.authLines("login") { ["login": "auth [success=ok default=ignore] pam_boxkey.so \\  \n  ask_password\n" + unix][$0] }!
         #expect(continued[0].arguments == ["ask_password"])
     }
