@@ -349,7 +349,12 @@ public actor Box {
             audit.audit(.notice, .connectionRefused, "refused phone \(phone.fingerprint): it already holds \(held) connections", phone: phone.fingerprint)
             return .busy
         }
-        if limited, enrolledUsers(of: phone).isEmpty { return .rateLimited }
+        // An address over its failure budget gets only enrolled keys through. A key enrolled
+        // nowhere hears that (a phone revoked in the directory must learn it is not enrolled,
+        // not that it failed too often); a pairing from there waits.
+        if limited, enrolledUsers(of: phone).isEmpty {
+            return kind == .login && enrolment.pendingEnrolment(of: phone, now: now) == nil ? .notEnrolled : .rateLimited
+        }
         if kind == .login, enrolledUsers(of: phone).isEmpty, enrolment.pendingEnrolment(of: phone, now: now) == nil {
             return .notEnrolled
         }

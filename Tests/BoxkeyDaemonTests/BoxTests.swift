@@ -128,7 +128,7 @@ struct BoxHarness {
                 var events = link.events.makeAsyncIterator()
                 while let e = await events.next() { if case .disconnected = e { break } }
             }
-            // The address is over its budget: an unknown key from it is refused after message 1.
+            // The address is over its budget: an unknown key from it is refused after message 1 (as not enrolled: it is not).
             let again = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
             try await again.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
             let advert = try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
@@ -143,7 +143,7 @@ struct BoxHarness {
                 if case .notification(_, let v) = e, let m = try reassembler.receive(v, mtu: 23, now: .zero) { answer = m }
                 if case .disconnected = e { break }
             }
-            #expect(answer == Envelope.refusal(Refusal(.rateLimited)).encode())
+            #expect(answer == Envelope.refusal(Refusal(.notEnrolled)).encode())
 
             // Another phone, meanwhile, logs in; so does an enrolled phone at the flooded
             // address (an attacker may borrow an honest phone's address to flood from).

@@ -17,6 +17,24 @@ import Testing
         #expect(roster.phones[hex(alicePhone.bytes)]?.name == "Pixel 8")
     }
 
+    @Test(arguments: ["Alice", "\u{FF41}\u{FF4C}\u{FF49}\u{FF43}\u{FF45}", "alice\u{0301}", "alice ", " alice", "al\u{200B}ice", "ALICE"])
+    func aLookAlikeOfAliceIsNotAFleetNameAndMakesAliceVouchForNobody(_ lookalike: String) {
+        #expect(FleetRoster.isFleetName("alice"))
+        #expect(!FleetRoster.isFleetName(lookalike))
+        #expect(FleetRoster.lookalike(lookalike) == "alice")
+        var roster = FleetRoster(readAt: Date())
+        let phone = FleetRoster.value(key: alicePhone, name: "")
+        let skipped = roster.add(entries: [(["alice"], "1000", [phone]), ([lookalike], "1003", [FleetRoster.value(key: bobPhone, name: "")])])
+        #expect(skipped == 2)
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)).isEmpty)
+        #expect(roster.users(of: bobPhone, now: Date(), maxStale: .seconds(60)).isEmpty)
+    }
+
+    @Test func fleetNamesAreWhatAdduserMakes() {
+        for ok in ["alice", "_svc", "bob.smith", "user-01"] { #expect(FleetRoster.isFleetName(ok), "\(ok)") }
+        for bad in ["", "1alice", "-x", "a b", String(repeating: "a", count: 33), "al\u{0}ice", "ali$"] { #expect(!FleetRoster.isFleetName(bad), "\(bad)") }
+    }
+
     @Test func aValueIsTheKeyThenAPrintableName() throws {
         let value = FleetRoster.value(key: alicePhone, name: "  Алиса's\nphone\u{7f} ")
         #expect(value == hex(alicePhone.bytes) + " 'sphone")

@@ -8,6 +8,15 @@ import subprocess
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def documented_rules():
+    """docs/fleet.md's access rules and limits, exactly as printed (one source: what the doc
+    tells admins to load is what the tests run)."""
+    text = open(os.path.join(REPO, "docs", "fleet.md")).read()
+    block = text.split("### Access rules", 1)[1].split("```\n", 2)[1]
+    assert "olcAccess: to attrs=userPassword" in block
+    return block.replace("dc=example,dc=org", SUFFIX)
 SUFFIX = "dc=example,dc=org"
 PEOPLE = f"ou=people,{SUFFIX}"
 ADMIN_DN = f"cn=admin,{SUFFIX}"
@@ -112,12 +121,7 @@ olcDbIndex: objectClass eq
 olcDbIndex: uid eq
 olcDbIndex: boxkeyPhone eq,pres
 olcSecurity: tls=1
-olcLimits: dn.exact="{BOX_DN}" size.soft=unlimited size.hard=unlimited size.prtotal=unlimited
-olcAccess: to attrs=userPassword by self write by anonymous auth by * none
-olcAccess: to attrs=boxkeyPhone by dn.exact="{BOX_DN}" write by users read by * none
-olcAccess: to attrs=uid,uidNumber,objectClass by users read by * none
-olcAccess: to * by self write by users read by anonymous auth by * none
-"""
+{documented_rules()}"""
         self._run("slapadd", "-n0", "-F", os.path.join(d, "slapd.d"), input=config)
 
     def _populate(self, users, extra_users):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import PERSON, PASSWORD, wait_for
-from slapd import ADMIN_DN, PEOPLE, USER_PASSWORD, Slapd
+from slapd import ADMIN_DN, BOX_DN, BOX_PASSWORD, PEOPLE, USER_PASSWORD, Slapd
 
 REFRESH_S = 5
 
@@ -167,6 +167,49 @@ def test_users_cannot_enrol_their_own_phones_or_take_another_name_in_the_directo
     assert directory.phones("alice") == []
 
 
+def publish_for(world, directory, user):
+    """Box 4821 publishes; the World's phone pairs under an admin's code for `user`."""
+    use_fleet(world, directory, publish=True)
+    world.start_box()
+    code = re.search(r"(\d{6})", world.admin("pair-code", "--user", user).stdout).group(1)
+    r = world.pair(code)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: "could not publish" in world.box_output() or "published phone" in world.box_output(), what="the box's publishing")
+
+
+def test_a_box_writes_only_to_the_entry_named_exactly_its_user(world, directory):
+    """The directory has `Carol` (an entry the server's caseIgnoreMatch finds for `carol`); the
+    box's own `carol` is someone else: nothing is written to Carol's entry."""
+    r = directory.ldap("ldapadd", input=f"dn: uid=Carol,{PEOPLE}\nobjectClass: inetOrgPerson\nobjectClass: boxkeyUser\nuid: Carol\ncn: Carol\nsn: Carol\n")
+    assert r.returncode == 0, r.stderr
+    world.add_user("carol", 1006, "carol's password")
+    publish_for(world, directory, "carol")
+    assert "could not publish" in world.box_output() and "looks like carol" in world.box_output(), world.box_output()[-2000:]
+    assert directory.phones("Carol") == []
+
+
+def test_a_box_does_not_publish_for_a_local_user_whose_uid_is_not_the_entrys(world, directory):
+    r = directory.ldap("ldapmodify", input=f"dn: uid=alice,{PEOPLE}\nchangetype: modify\nadd: objectClass\nobjectClass: posixAccount\n"
+                                           f"-\nadd: uidNumber\nuidNumber: 2000\n-\nadd: gidNumber\ngidNumber: 2000\n-\nadd: homeDirectory\nhomeDirectory: /home/alice\n")
+    assert r.returncode == 0, r.stderr
+    publish_for(world, directory, "alice")  # this box's alice is uid 1000
+    assert "uidNumber 2000" in world.box_output() and "not the same person" in world.box_output(), world.box_output()[-2000:]
+    assert directory.phones("alice") == []
+
+
+def test_the_documented_rules_show_no_one_another_users_password_hash(world, directory):
+    """Before: docs/fleet.md's rules, loaded as printed, let every user and the boxes' account
+    read every userPassword (the tests had added a rule the doc lacked). The directory here runs
+    the doc's block itself (slapd.documented_rules)."""
+    for who in ((f"uid=bob,{PEOPLE}", USER_PASSWORD), (BOX_DN, BOX_PASSWORD)):
+        r = directory.ldap("ldapsearch", "-LLL", "-b", PEOPLE, "(uid=alice)", "userPassword", "uid", bind=who)
+        assert r.returncode == 0 and "uid: alice" in r.stdout, r.stdout + r.stderr  # the entry is visible...
+        assert "userPassword" not in r.stdout, f"{who[0]} reads alice's password hash"  # ...its hash is not
+        # ...and neither writes anything of hers but what the doc says (the boxes: boxkeyPhone).
+        r = directory.ldap("ldapmodify", input=f"dn: uid=alice,{PEOPLE}\nchangetype: modify\nreplace: description\ndescription: x\n", bind=who)
+        assert r.returncode == 50, r.stdout + r.stderr
+
+
 def test_an_entry_that_claims_another_users_name_vouches_for_nobody(world, directory):
     """If a directory lets a user rename their entry (or holds a copy of an entry elsewhere),
     a name on two entries, or an entry with two names, enrols no phone: mallory's phone is not
@@ -185,6 +228,23 @@ def test_an_entry_that_claims_another_users_name_vouches_for_nobody(world, direc
     r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
     assert r.returncode != 0 and "not enrolled" in r.stderr, r.stdout + r.stderr
     assert code == 0 and "successfully authenticated" in out, out
+
+
+@pytest.mark.parametrize("name", ["Alice", "\uff41\uff4c\uff49\uff43\uff45", "alice\u0301"], ids=["case", "fullwidth", "combining"])
+def test_a_look_alike_local_name_cannot_publish_onto_alices_entry(world, directory, name):
+    """Before: a local account `Alice` (or fullwidth) at a publishing box enrolled her own phone;
+    the box searched (uid=Alice), slapd's caseIgnoreMatch found alice's entry, and her phone
+    was written there, to log in as alice at every box in key mode. Now the box writes only to
+    an entry named exactly the local name, and takes no name adduser would not make."""
+    world.add_user(name, 1005, "look-alike password")
+    use_fleet(world, directory, publish=True)
+    world.start_box()
+    code = re.search(r"(\d{6})", world.admin("pair-code", "--user", name).stdout).group(1)
+    r = world.pair(code, who="mallory")
+    assert r.returncode == 0, r.stdout + r.stderr  # enrolled at this box for her own account
+    wait_for(lambda: "could not publish" in world.box_output(), what="the box's refusal to publish")
+    assert "is not a name the fleet takes" in world.box_output()
+    assert directory.phones("alice") == []
 
 
 def test_a_box_admin_revokes_a_phone_known_only_from_the_directory(world, directory):

@@ -27,7 +27,8 @@ root_boot() {
   root_dir=$1
   shift
   root_console=$root_dir.console
-  systemd-nspawn --quiet --register=no --keep-unit --directory="$root_dir" "$@" --boot >"$root_console" 2>&1 </dev/null &
+  # CAP_SYS_RESOURCE: a booted box's systemd sets its units' Limit*= (nspawn drops it by default).
+  systemd-nspawn --quiet --register=no --keep-unit --directory="$root_dir" --capability=CAP_SYS_RESOURCE "$@" --boot >"$root_console" 2>&1 </dev/null &
   root_nspawn=$!
   root_init=
   local pid

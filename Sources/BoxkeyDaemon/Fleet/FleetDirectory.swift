@@ -88,20 +88,37 @@ public struct FleetDirectory: Sendable {
 
     /// A user's entry: its DN and phone values (nil: no such user under the base).
     public func entry(of user: String) throws -> (dn: String, phones: [String])? {
-        try withConnection { ld in try entry(ld, user) }
+        try withConnection { ld in try entry(ld, user).map { ($0.dn, $0.phones) } }
     }
 
-    private func entry(_ ld: OpaquePointer, _ user: String) throws -> (dn: String, phones: [String])? {
-        var found: [(String, [String])] = []
-        _ = try search(ld, filter: "(\(settings.userAttribute)=\(Self.escape(user)))") { dn, _, _, values in found.append((dn, values)); return false }
-        guard found.count <= 1 else { throw Failure(description: "\(found.count) entries under \(settings.base) have \(settings.userAttribute)=\(user)") }
-        return found.first
+    /// The one entry whose login name is exactly `user`. The server matches names its own way
+    /// (caseIgnoreMatch finds `alice` for `Alice`, and for fullwidth `ａｌｉｃｅ`): every entry it
+    /// returns is looked at, and any but one with exactly that name, and no other, is an error.
+    private func entry(_ ld: OpaquePointer, _ user: String) throws -> (dn: String, number: String?, phones: [String])? {
+        guard FleetRoster.isFleetName(user) else {
+            throw Failure(description: "\"\(logSafe(user))\" is not a name the fleet takes (lower-case letters, digits, _ . -, as adduser makes them): directory servers match names regardless of case and width, so it could find another user's entry")
+        }
+        var found: [(dn: String, names: [String], number: String?, phones: [String])] = []
+        _ = try search(ld, filter: "(\(settings.userAttribute)=\(Self.escape(user)))") { dn, names, number, values in
+            found.append((dn, names, number, values))
+            return found.count > 8
+        }
+        guard !found.isEmpty else { return nil }
+        guard found.count == 1, found[0].names == [user] else {
+            throw Failure(description: "the directory has \(found.count) entr\(found.count == 1 ? "y" : "ies") under \(settings.base) whose \(settings.userAttribute) looks like \(user) (\(found.flatMap(\.names).map { logSafe($0) }.joined(separator: ", "))): only one entry named exactly \(user) is written to")
+        }
+        return (found[0].dn, found[0].number, found[0].phones)
     }
 
     /// Publishes `key` as a phone of `user` (the entry gets the auxiliary class if it lacks it).
-    public func add(key: PublicKey, name: String, user: String) throws {
+    /// `localUID`: the uid of the box's account of that exact name; the entry's uidNumber,
+    /// where it has one, must be the same.
+    public func add(key: PublicKey, name: String, user: String, localUID: UInt32? = nil) throws {
         try withConnection { ld in
-            guard let (dn, values) = try entry(ld, user) else { throw Failure(description: "no entry for user \(user) under \(settings.base)") }
+            guard let (dn, number, values) = try entry(ld, user) else { throw Failure(description: "no entry for user \(user) under \(settings.base)") }
+            if let localUID, let number, UInt32(number) != localUID {
+                throw Failure(description: "the directory's \(user) has uidNumber \(number), this box's \(user) is uid \(localUID): not the same person")
+            }
             if values.contains(where: { FleetRoster.parse($0)?.key == key }) { return }
             try change(ld, dn: dn, add: true, value: FleetRoster.value(key: key, name: name))
         }
@@ -111,7 +128,7 @@ public struct FleetDirectory: Sendable {
     /// the values removed. Ambiguous prefixes remove nothing.
     public func remove(phone prefix: String, user: String) throws -> [String] {
         try withConnection { ld in
-            guard let (dn, values) = try entry(ld, user) else { throw Failure(description: "no entry for user \(user) under \(settings.base)") }
+            guard let (dn, _, values) = try entry(ld, user) else { throw Failure(description: "no entry for user \(user) under \(settings.base)") }
             let matching = values.filter { v in
                 guard let (key, _) = FleetRoster.parse(v) else { return false }
                 return Fingerprint.matches(key.fingerprint, prefix: prefix) || Fingerprint.matches(hex(key.bytes).uppercased(), prefix: prefix)

@@ -28,16 +28,18 @@ public struct FleetRoster: Sendable, Codable, Equatable {
     }
 
     /// Adds the entries of a read: each with its login names, uidNumber and phone values. An
-    /// entry with no name or several, and every entry of a name that more than one entry
-    /// carries, vouch for nobody (a user who could rename their entry, or a copy in another
-    /// branch, must not take over another's name). Returns how many values and entries were
-    /// left out.
+    /// entry with no name or several, a name the fleet does not take (`isFleetName`), and every
+    /// entry of a name that another entry's name looks like (`lookalike`), vouch for nobody: a
+    /// user who could rename their entry, a copy in another branch, or `Alice` beside `alice`
+    /// must not take over another's name. Returns how many values and entries were left out.
     public mutating func add(entries: [(names: [String], number: String?, values: [String])]) -> Int {
         var skipped = 0
         var entriesPerName: [String: Int] = [:]
-        for e in entries where e.names.count == 1 { entriesPerName[e.names[0], default: 0] += 1 }
         for e in entries {
-            guard e.names.count == 1, entriesPerName[e.names[0]] == 1 else { skipped += 1; continue }
+            for name in Set(e.names.map(Self.lookalike)) { entriesPerName[name, default: 0] += 1 }
+        }
+        for e in entries {
+            guard e.names.count == 1, Self.isFleetName(e.names[0]), entriesPerName[Self.lookalike(e.names[0])] == 1 else { skipped += 1; continue }
             let user = e.names[0]
             if let n = e.number.flatMap({ UInt32($0) }) { uidNumbers[user] = n }
             skipped += add(user: user, values: e.values).count
@@ -78,6 +80,38 @@ public struct FleetRoster: Sendable, Codable, Equatable {
             let lost = phone.users.filter { !(phones[k]?.users.contains($0) ?? false) }
             return lost.isEmpty ? nil : (k, lost)
         }.sorted { $0.key < $1.key }
+    }
+
+    // MARK: - Names
+
+    /// The login names the fleet takes: POSIX portable names in lower case, as Debian's adduser
+    /// makes them (`^[a-z_][a-z0-9_.-]*$`, at most 32). A name in another case or script, with
+    /// combining marks or spaces, is left to the box's own enrolment: directory servers compare
+    /// names case-insensitively and by Unicode compatibility, so such a name could find someone
+    /// else's entry.
+    public static func isFleetName(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        guard let first = bytes.first, bytes.count <= 32, first == UInt8(ascii: "_") || (first >= 0x61 && first <= 0x7a) else { return false }
+        return bytes.allSatisfy { ($0 >= 0x61 && $0 <= 0x7a) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") }
+    }
+
+    /// What a name looks like to a directory server's matching rules, roughly: lower case,
+    /// fullwidth forms as ASCII, without combining marks, format characters or surrounding
+    /// spaces. Two entries whose names look alike vouch for nobody.
+    public static func lookalike(_ name: String) -> String {
+        var out = String.UnicodeScalarView()
+        for scalar in name.lowercased().unicodeScalars {
+            switch scalar.properties.generalCategory {
+            case .nonspacingMark, .spacingMark, .enclosingMark, .format: continue
+            default: break
+            }
+            if (0xFF01...0xFF5E).contains(scalar.value), let ascii = Unicode.Scalar(scalar.value - 0xFEE0) {
+                out.append(contentsOf: String(ascii).lowercased().unicodeScalars)
+            } else {
+                out.append(scalar)
+            }
+        }
+        return String(out).trimmed
     }
 
     // MARK: - The attribute's values

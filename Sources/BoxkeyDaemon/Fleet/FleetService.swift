@@ -1,5 +1,6 @@
 import BoxkeyCore
 import FoundationEssentials
+import Glibc
 import Logging
 import NIOPosix
 import ServiceLifecycle
@@ -56,7 +57,13 @@ struct FleetService: Service {
         await box.setFleetPublisher { key, user, name in
             Task {
                 do {
-                    try await NIOThreadPool.singleton.runIfActive { try directory.add(key: key, name: name, user: user) }
+                    // Only the account getpwnam gives for this exact name (a case-insensitive NSS,
+                    // sssd against AD, gives `alice` for `Alice`), with its uid.
+                    guard let pw = getpwnam(user), String(cString: pw.pointee.pw_name) == user else {
+                        throw FleetDirectory.Failure(description: "this box has no account named exactly \(logSafe(user))")
+                    }
+                    let uid = pw.pointee.pw_uid
+                    try await NIOThreadPool.singleton.runIfActive { try directory.add(key: key, name: name, user: user, localUID: uid) }
                     logger.notice("fleet: published phone \(key.fingerprint) for \(logSafe(user)) to the directory", metadata: ["audit": "true"])
                 } catch {
                     logger.error("fleet: could not publish phone \(key.fingerprint) for \(logSafe(user)) to the directory (it is enrolled at this box only): \(error)")
