@@ -61,7 +61,10 @@ public actor Box {
     let logger: Logger
     let audit: Logger
     /// What the status command reports as the radio in use.
-    public nonisolated let radioDescription: String
+    /// What the box listens on, or what it waits for (`boxkeyd status`).
+    public private(set) var radioDescription: String
+    /// Whether a radio is there: without one, prompts take no pushes and show no code.
+    public private(set) var radioAttached: Bool
     /// A user's uid (the system's user database; tests give a table).
     let userID: @Sendable (String) -> UInt32?
 
@@ -147,7 +150,7 @@ public actor Box {
     }
 
     public init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, escrow: EscrowStore? = nil, sessions: any SessionControl,
-                clock: any RadioClock, logger: Logger, radioDescription: String,
+                clock: any RadioClock, logger: Logger, radioDescription: String, radioAttached: Bool = true,
                 userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID) {
         self.userID = userID
         self.escrow = escrow ?? EscrowStore(path: config.stateDirectory + "/escrow.json")
@@ -161,6 +164,7 @@ public actor Box {
         audit[metadataKey: "audit"] = "true"
         self.audit = audit
         self.radioDescription = radioDescription
+        self.radioAttached = radioAttached
         enrolment = Enrolment(lifetime: config.pairingCodeLifetime, tries: config.pairingCodeTries, pendingWindow: config.pendingEnrolment)
         failedHandshakes = RateLimiter(limit: config.failedHandshakesPerMinute, window: .seconds(60))
         rejectedByPhone = RateLimiter(limit: config.rejectedPushesPerPhone, window: config.rejectionWindow)
@@ -339,6 +343,10 @@ public actor Box {
     /// The policy check once a phone's key is known (right after message 1): unknown keys may
     /// only pair; revoked keys nothing; a phone over its rejection budget waits.
     static let slotsPerPhone = 2
+    /// Slots the phones of one user hold together (two phones' presence links and a login),
+    /// and that phones enrolled for nobody yet (pending, pairing) hold together.
+    static let slotsPerUser = 3
+    static let slotsForNewPhones = 2
 
     private func admit(_ phone: PublicKey, _ kind: BoxConnection.HandshakeKind, fromLimitedAddress limited: Bool, now: Duration) -> Refusal.Code? {
         if registry.isRevoked(phone) { return .phoneRevoked }
@@ -347,6 +355,21 @@ public actor Box {
         let held = links.values.filter { !$0.dropped && $0.connection.state != .closed && $0.connection.phoneKey == phone }.count
         if held >= Self.slotsPerPhone {
             audit.audit(.notice, .connectionRefused, "refused phone \(phone.fingerprint): it already holds \(held) connections", phone: phone.fingerprint)
+            return .busy
+        }
+        // Nor can one user's keys (four phones enrolled for mallory), or phones enrolled for
+        // nobody, fill it: the other slots stay for everyone else.
+        let users = Set(enrolledUsers(of: phone))
+        let others = links.values.compactMap { link -> Set<String>? in
+            guard !link.dropped, link.connection.state != .closed, let key = link.connection.phoneKey else { return nil }
+            return Set(enrolledUsers(of: key))
+        }
+        if users.isEmpty, others.filter(\.isEmpty).count >= Self.slotsForNewPhones {
+            audit.audit(.notice, .connectionRefused, "refused phone \(phone.fingerprint): phones enrolled for nobody already hold \(Self.slotsForNewPhones) connections", phone: phone.fingerprint)
+            return .busy
+        }
+        if let user = users.sorted().first(where: { user in others.filter { $0.contains(user) }.count >= Self.slotsPerUser }) {
+            audit.audit(.notice, .connectionRefused, "refused phone \(phone.fingerprint): \(logSafe(user))'s phones already hold \(Self.slotsPerUser) connections", phone: phone.fingerprint)
             return .busy
         }
         // An address over its failure budget gets only enrolled keys through. A key enrolled
@@ -856,6 +879,10 @@ public actor Box {
     /// fingerprint in full, and the pairing code.
     public func registerPrompt(_ request: PAMRequest.WaitRequest, peer: PAMPeer) async -> (id: UInt64?, reply: PAMReply) {
         let what = "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(peer.pid))"
+        guard radioAttached else {
+            audit.audit(.info, .notOffered, "not offering phone login to \(what): \(radioDescription)", service: request.service)
+            return (nil, .notOffered("no radio: \(radioDescription)"))
+        }
         guard config.phoneLoginServices.contains(request.service) else {
             audit.audit(.info, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
             return (nil, .notOffered("phone login is not enabled for \(request.service)"))
@@ -1413,9 +1440,17 @@ public actor Box {
     public func revoke(fingerprint: String) -> PAMReply {
         // A digit or two would pick some phone: revoking is for one the admin can name.
         guard fingerprint.filter({ $0 != "-" }).count >= 4 else { return .error("give at least 4 hex digits of the fingerprint") }
+        // The box's phones and the directory's together: the prefix must name exactly one, or
+        // the admin, asked about one, could revoke another.
+        let local = registry.phones.filter { Fingerprint.matches($0.fingerprint, prefix: fingerprint) }
+        let fleetOnly = fleetPhones(fingerprint: fingerprint).filter { registry.phone($0.key) == nil }
+        guard local.count + fleetOnly.count == 1 else {
+            return .error(local.isEmpty && fleetOnly.isEmpty ? "no phone with fingerprint \(fingerprint), here or in the fleet directory"
+                          : "\(fingerprint) matches \(local.count + fleetOnly.count) phones (here and in the fleet directory); give more of the fingerprint")
+        }
         do {
             let phone: PhoneRegistry.Phone
-            if let fleetPhone = fleetPhone(fingerprint: fingerprint), registry.phone(fleetPhone.key) == nil {
+            if let fleetPhone = fleetOnly.first {
                 // Known here only from the directory: revoked at this box whatever it says.
                 phone = try registry.revoke(unknown: fleetPhone.key, name: fleetPhone.name)
             } else {
@@ -1446,6 +1481,16 @@ public actor Box {
         }
     }
 
+    /// What the last reload did (`boxkeyd status`).
+    public private(set) var lastReload: String?
+    public func reloaded(_ outcome: String) { lastReload = outcome }
+
+    /// The radio came (attached), or the box waits for it (what for, in `description`).
+    public func radioChanged(_ description: String, attached: Bool) {
+        radioDescription = description
+        radioAttached = attached
+    }
+
     /// What `boxkeyd status` shows, as JSON.
     public func status() -> DaemonStatus {
         let now = clock.now
@@ -1464,7 +1509,7 @@ public actor Box {
             login: .init(mode: config.loginMode.rawValue, keyUsers: config.keyUsers.sorted(), escrowUsers: config.escrowUsers.sorted(),
                          sealedPasswords: escrow.records.count, proximity: config.proximity,
                          keyServices: config.keyServices.intersection(config.phoneLoginServices).sorted()),
-            fleet: fleetStatus())
+            fleet: fleetStatus(), lastReload: lastReload)
     }
 
     private func wakeTimers() {
@@ -1484,6 +1529,13 @@ public actor Box {
     /// Whether a phone may be enrolled for `user`: not for root unless `[enrolment] root` says so.
     func mayEnrol(_ user: String) -> Bool { config.enrolRoot || uid(of: user) != 0 }
     static let rootRefusal = "phones are not enrolled for root at this box: log in as yourself and use sudo, or set [enrolment] root = true in boxkeyd.conf"
+
+    /// The name the user database gives for `user` (nil: none), to tell an exact match from a
+    /// case-insensitive one.
+    static func accountName(_ user: String) -> String? {
+        guard let pw = getpwnam(user) else { return nil }
+        return String(cString: pw.pointee.pw_name)
+    }
 
     public static let systemUserID: @Sendable (String) -> UInt32? = { user in
         guard let pw = getpwnam(user) else { return nil }

@@ -39,7 +39,7 @@ public enum BoxDoctor {
         }
         report.append(await logind())
         report.append(await walkAwayLocks(config))
-        report.append(daemon(socket: config.pamSocket))
+        if getuid() == 0 { report.append(daemon(socket: config.adminSocket)) }
         report.append(stateDirectory(config.stateDirectory))
 
         if let module = moduleFolders.map({ $0 + "/pam_boxkey.so" }).first(where: { FileManager.default.fileExists(atPath: $0) }) {
@@ -51,6 +51,11 @@ public enum BoxDoctor {
         let read: (String) -> String? = { name in
             let paths = name.hasPrefix("/") ? [name] : ["\(pamDirectory)/\(name)", "/usr/lib/pam.d/\(name)"]
             return paths.lazy.compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }.first
+        }
+        // Phone login where the person at the keyboard is not the one being let in, or is
+        // already logged in: a push held there for Enter is someone else's to take.
+        for service in config.phoneLoginServices.intersection(Self.notForPhoneLogin.keys).sorted() {
+            report.warn("[pam] services", "\(service) is listed: \(Self.notForPhoneLogin[service]!)", do: "take \(service) out of [pam] services")
         }
         var anyService = false
         // common-auth too: sudo, su, sshd and polkit include it, and a lockout there locks the admin out.
@@ -202,8 +207,26 @@ public enum BoxDoctor {
         return names
     }
 
+    /// Services phone login has no place in, and why.
+    static let notForPhoneLogin: [String: String] = [
+        "sudo": "a push for you would wait at any sudo prompt of your session, where a program you run can press Enter",
+        "sudo-i": "a push for you would wait at any sudo prompt of your session, where a program you run can press Enter",
+        "su": "su runs in someone's terminal session: whoever types there could take a push",
+        "su-l": "su runs in someone's terminal session: whoever types there could take a push",
+        "runuser": "runuser needs no password; listing it only invites confusion",
+        "sshd": "an SSH login is remote: the person at the prompt is not the one at the box",
+        "polkit-1": "polkit's agent asks inside a session, where a program can answer for you",
+        "cron": "cron asks no one",
+    ]
+
     static func daemon(socket: String) -> DoctorReport {
         var report = DoctorReport()
+        // Not running: no socket. Running but not answering: a socket nobody serves.
+        guard FileManager.default.fileExists(atPath: socket) else {
+            report.fail("boxkeyd", "not running (no \(socket)): logins use the password prompt only",
+                        do: "systemctl enable --now boxkeyd; if it stops again, journalctl -u boxkeyd -b says why")
+            return report
+        }
         do {
             let client = try PAMSocketClient(path: socket)
             try client.send(.daemonStatus)
@@ -214,8 +237,8 @@ public enum BoxDoctor {
             }
             report.ok("boxkeyd", "answering on \(socket): box \(status.boxID), \(status.radio), \(status.enrolledPhones) phone(s) enrolled")
         } catch {
-            report.fail("boxkeyd", "not answering on \(socket) (\(error)): logins fall back to the password prompt",
-                        do: "systemctl enable --now boxkeyd; journalctl -u boxkeyd says why it stopped")
+            report.fail("boxkeyd", "\(socket) is there but nobody answers (\(error)): the daemon was killed or hangs; logins use the password prompt only",
+                        do: "systemctl restart boxkeyd; journalctl -u boxkeyd -b shows its last words")
         }
         return report
     }

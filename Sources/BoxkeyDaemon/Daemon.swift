@@ -1,6 +1,7 @@
 import BoxkeyBlueZ
 import BoxkeyCore
 import BoxkeyHost
+import BoxkeyPAMWire
 import CBoxkeySys
 import BoxkeyRadio
 import BoxkeySimRadio
@@ -48,13 +49,13 @@ public enum Daemon {
         } catch {
             throw StartError(description: "\(error)", exitCode: 78)
         }
-        let boxRadio = try await openRadio(config, logger: logger)
-        defer { boxRadio.shutdown() }
-
-        // Avoid IDs heard nearby when making one up.
+        // A box ID made up here avoids the IDs heard nearby; with no radio yet there is nothing to
+        // hear, and the box (its sockets, its admin) must not wait for one.
         var heard: Set<BoxID> = []
-        if config.boxID == nil, stored == nil {
-            heard = await nearbyBoxIDs(boxRadio.scanner, for: .seconds(2))
+        var early: BoxRadio?
+        if config.boxID == nil, stored == nil, let radio = try await openRadioIfThere(config, logger: logger) {
+            heard = await nearbyBoxIDs(radio.scanner, for: .seconds(2))
+            early = radio
         }
         let identity: BoxIdentity
         do {
@@ -62,15 +63,19 @@ public enum Daemon {
         } catch {
             throw StartError(description: "\(error)", exitCode: 78)
         }
-        let peripheral = try await boxRadio.peripheral(identity.boxID)
+        // The box, its PAM and admin socket and its reloads run from here on, radio or not;
+        // the radio's services join when it is there (RadioSupervisor).
         let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),
-                      logger: logger, radioDescription: "\(boxRadio.description), address \(peripheral.address)")
+                      logger: logger, radioDescription: "waiting for the radio", radioAttached: false)
         let readiness = Readiness(parts: 2, logger: logger)
-        let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)
-        let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
-        let presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
         let reloader = ReloadService(box: box, load: reload ?? { config }, logger: logger)
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: radio), .init(service: presence), .init(service: bridge), .init(service: reloader)]
+        let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
+        let reloadNow: (@Sendable () async -> PAMReply)? = reload == nil ? nil : { @Sendable in await reloader.reloadNow() }
+        // Root only, whatever [pam] allowed_uids lets onto the PAM socket.
+        let admin = PAMBridge(box: box, role: .admin, path: config.adminSocket, allowedUIDs: [], logger: logger,
+                              readiness: readiness, reload: reloadNow)
+        let radio = RadioSupervisor(box: box, config: config, logger: logger, readiness: readiness, early: early)
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader), .init(service: radio)]
         if let fleet = config.fleet {
             services.append(.init(service: FleetService(box: box, settings: fleet, stateDirectory: config.stateDirectory, logger: logger)))
         }
@@ -128,7 +133,7 @@ public enum Daemon {
         }
     }
 
-    static func openRadio(_ config: DaemonConfig, logger: Logger) async throws -> BoxRadio {
+    static func openRadio(_ config: DaemonConfig, logger: Logger, box: Box?) async throws -> BoxRadio {
         let choice: RadioChoice
         do { choice = try await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) } catch {
             throw StartError(description: "\(error); set [radio] backend = \"bluez\" to wait for it")
@@ -144,33 +149,37 @@ public enum Daemon {
                 throw StartError(description: "\(error)")
             }
         case .bluez(let adapter):
-            return try await blueZRadio(adapter, logger: logger)
+            return try await blueZRadio(adapter, logger: logger, box: box)
         }
     }
 
-    /// BlueZ, waiting for bluetoothd and the adapter when they are not there yet (a box that
-    /// boots before its Bluetooth dongle is plugged in still comes up).
-    static func blueZRadio(_ adapter: String?, logger: Logger) async throws -> BoxRadio {
-        var delay = Duration.seconds(1)
-        var said = false
-        while true {
-            do {
-                let peripheral = try await BlueZPeripheral(adapter: adapter)
-                let scanner = try await BlueZCentral(adapter: peripheral.adapter.name)
-                if said { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
-                return BoxRadio(peripheral: peripheral, scanner: scanner)
-            } catch RadioError.unavailable(let why) {
-                if !said {
-                    logger.warning("waiting for Bluetooth: \(why)")
-                    // Started, if not advertising: systemd must not time the start out (and
-                    // restart it in a loop) on a box whose adapter comes later. Until then the
-                    // PAM socket is absent and prompts ask for the password.
-                    SystemdNotify.send("READY=1\nSTATUS=waiting for Bluetooth: \(why)")
-                }
-                said = true
-                try await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(10))
+    /// The radio if it can be had at once (to hear nearby box IDs before making one up), else nil.
+    static func openRadioIfThere(_ config: DaemonConfig, logger: Logger) async throws -> BoxRadio? {
+        if case .bluez(let adapter)? = try? await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) {
+            guard await blueZAdapterPresent(named: adapter) else {
+                logger.notice("no Bluetooth adapter yet: choosing a box ID without hearing which are taken nearby (set [box] id to choose one)")
+                return nil
             }
+        }
+        return try await openRadio(config, logger: logger, box: nil)
+    }
+
+    /// BlueZ, waiting for bluetoothd and the adapter when they are not there yet (a box that
+    /// boots before its Bluetooth dongle is plugged in still comes up), without starting
+    /// bluetoothd: `BlueZWatch` looks when the bus says something changed.
+    static func blueZRadio(_ adapter: String?, logger: Logger, box: Box?) async throws -> BoxRadio {
+        let said = NIOLockedValueBox<String?>(nil)
+        return try await BlueZWatch.waitForAdapter(waiting: { why in
+            let first = said.withLockedValue { s -> Bool in defer { s = why }; return s != why }
+            guard first else { return }
+            logger.warning("waiting for Bluetooth: \(why)")
+            SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
+            if let box { Task { await box.radioChanged("waiting for Bluetooth: \(why)", attached: false) } }
+        }) {
+            let peripheral = try await BlueZPeripheral(adapter: adapter)
+            let scanner = try await BlueZCentral(adapter: peripheral.adapter.name)
+            if said.withLockedValue({ $0 }) != nil { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
+            return BoxRadio(peripheral: peripheral, scanner: scanner)
         }
     }
 
@@ -203,6 +212,36 @@ public enum Daemon {
     }
 }
 
+/// The radio, whenever it can be had: waits for it (bluetoothd and the adapter, or the
+/// simulated air), tells the box, then runs the radio's services (advertising, links,
+/// presence). The box and its sockets run meanwhile; prompts take no pushes until then.
+struct RadioSupervisor: Service {
+    let box: Box
+    let config: DaemonConfig
+    let logger: Logger
+    let readiness: Readiness
+    /// The radio already opened to hear nearby box IDs, if it was.
+    let early: Daemon.BoxRadio?
+
+    func run() async throws {
+        let boxRadio: Daemon.BoxRadio
+        do {
+            if let early { boxRadio = early } else {
+                boxRadio = try await cancelWhenGracefulShutdown { try await Daemon.openRadio(config, logger: logger, box: box) }
+            }
+        } catch is CancellationError { return }
+        defer { boxRadio.shutdown() }
+        let peripheral = try await boxRadio.peripheral(box.identity.boxID)
+        await box.radioChanged("\(boxRadio.description), address \(peripheral.address)", attached: true)
+        let radio = RadioService(box: box, peripheral: peripheral, config: config, clock: MonotonicClock(), logger: logger, readiness: readiness)
+        let presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { try await radio.run() }
+            group.addTask { try await presence.run() }
+        }
+    }
+}
+
 /// SIGHUP (`systemctl reload boxkeyd`): re-reads the configuration file and applies what can
 /// change while running. A file that no longer parses changes nothing.
 struct ReloadService: Service {
@@ -218,19 +257,31 @@ struct ReloadService: Service {
             if !changed.isEmpty { logger.notice("reloaded the configuration: it changed while the daemon started: \(changed.joined(separator: ", "))") }
         }
         for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
-            var now = timespec()
-            clock_gettime(CLOCK_MONOTONIC, &now)
-            SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
-            do {
-                let (changed, needRestart) = await box.reload(try load())
-                logger.notice("reloaded the configuration: \(changed.isEmpty ? "nothing to change" : "changed " + changed.joined(separator: ", "))")
-                if !needRestart.isEmpty {
-                    logger.warning("not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))")
-                }
-            } catch {
-                logger.error("reload failed, the running settings stay: \(error)")
+            _ = await reloadNow()
+        }
+    }
+
+    /// Re-reads the file and applies it; the outcome is logged, kept for `boxkeyd status`, and
+    /// answered (`boxkeyd reload`, systemd's ExecReload, waits for it and fails when it failed).
+    func reloadNow() async -> PAMReply {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
+        defer { SystemdNotify.send("READY=1") }
+        do {
+            let (changed, needRestart) = await box.reload(try load())
+            var text = "reloaded the configuration: \(changed.isEmpty ? "nothing to change" : "changed " + changed.joined(separator: ", "))"
+            logger.notice("\(text)")
+            if !needRestart.isEmpty {
+                logger.warning("not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))")
+                text += "; not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))"
             }
-            SystemdNotify.send("READY=1")
+            await box.reloaded(text)
+            return .text(text)
+        } catch {
+            logger.error("reload failed, the running settings stay: \(error)")
+            await box.reloaded("failed: \(error); the running settings stay")
+            return .error("reload failed, the running settings stay: \(error)")
         }
     }
 }
@@ -248,6 +299,9 @@ public final class Readiness: Sendable {
     func ready(_ part: String) {
         let done = remaining.withLockedValue { n -> Bool in n -= 1; return n == 0 }
         logger.debug("\(part) ready")
-        if done { SystemdNotify.send("READY=1\nSTATUS=advertising, PAM bridge listening") }
+        if done { SystemdNotify.send("READY=1\nSTATUS=PAM and admin socket listening") }
     }
+
+    /// systemctl status's line: what the daemon does or waits for.
+    func status(_ text: String) { SystemdNotify.send("STATUS=\(text)") }
 }

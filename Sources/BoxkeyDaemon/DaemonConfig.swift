@@ -63,6 +63,14 @@ public struct DaemonConfig: Sendable, Equatable {
     public var keepaliveTimeout: Duration = .seconds(6)
     // [pam]
     public var pamSocket = "/run/boxkey/pam.sock"
+    /// The admin socket, beside the PAM socket: `admin.sock` for `pam.sock` (`admin-4822.sock`
+    /// for `pam-4822.sock`). Root only; up whenever the daemon runs, radio or not.
+    public var adminSocket: String {
+        let folder = pamSocket.parentDirectory
+        let name = String(pamSocket.split(separator: "/").last ?? "pam.sock")
+        let admin = name.hasPrefix("pam") ? "admin" + name.dropFirst(3) : name + ".admin"
+        return folder == "/" ? "/" + admin : folder + "/" + admin
+    }
     /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
     public var pamAllowedUIDs: [UInt32] = []
     /// How long a proximity offer stays at a prompt for Enter, and the cap on the module's

@@ -69,6 +69,8 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         public var certificateProblem: String?
     }
     public var fleet: Fleet?
+    /// What the last reload did; absent before the first one.
+    public var lastReload: String?
 
     /// For people: one line per field, "none" where a list is empty, phone-supplied text escaped.
     public var text: String {
@@ -104,6 +106,7 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             }
         }
         if !grace.isEmpty { lines.append("grace:       \(list(grace))") }
+        if let lastReload { lines.append("reload:      \(logSafe(lastReload))") }
         return lines.joined(separator: "\n")
     }
 }

@@ -7,23 +7,32 @@ import NIOCore
 import NIOPosix
 import ServiceLifecycle
 
-/// The root-only Unix socket where `pam_boxkey.so` waits for pushes and reports outcomes, and
-/// where `boxkeyd status` and `boxkeyd phones` ask the running daemon. Every connection's peer
-/// is checked with SO_PEERCRED, and its requests with `PAMConnectionState`'s table.
+/// A root-only Unix socket of the daemon's, in one of two roles: the PAM socket, where
+/// `pam_boxkey.so` waits for pushes and reports outcomes, or the admin socket, where `boxkeyd
+/// status`, `phones`, `pair-code` and `reload` ask the running daemon. Each takes only its own
+/// requests. Every connection's peer is checked with SO_PEERCRED, and its requests with
+/// `PAMConnectionState`'s table.
 public struct PAMBridge: Service, CustomStringConvertible {
-    public var description: String { "PAMBridge(\(path))" }
+    public enum Role: String, Sendable { case prompts = "PAM", admin }
+    public var description: String { "PAMBridge(\(role), \(path))" }
     let box: Box
+    let role: Role
     let path: String
     let allowedUIDs: Set<UInt32>
     let logger: Logger
     let readiness: Readiness?
+    /// The admin's `reload`: re-reads the configuration and answers with the outcome.
+    let reload: (@Sendable () async -> PAMReply)?
 
-    public init(box: Box, path: String, allowedUIDs: [UInt32], logger: Logger, readiness: Readiness? = nil) {
+    public init(box: Box, role: Role = .prompts, path: String, allowedUIDs: [UInt32], logger: Logger, readiness: Readiness? = nil,
+                reload: (@Sendable () async -> PAMReply)? = nil) {
         self.readiness = readiness
         self.box = box
+        self.role = role
         self.path = path
         self.allowedUIDs = Set(allowedUIDs + [0])
         self.logger = logger
+        self.reload = reload
     }
 
     public func run() async throws {
@@ -45,8 +54,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
         // Root only: the mode keeps others out, SO_PEERCRED checks whoever is let in.
         chmod(path, 0o600)
         if let first = allowedUIDs.first(where: { $0 != 0 }), getuid() == 0 { chown(path, first, gid_t(bitPattern: -1)) }
-        logger.info("PAM bridge listening on \(path)")
-        readiness?.ready("PAM bridge")
+        logger.info("\(role.rawValue) socket listening on \(path)")
+        readiness?.ready("\(role.rawValue) socket")
         // Graceful shutdown cancels the work below; that is a normal end, not an error.
         do { try await cancelWhenGracefulShutdown {
             try await server.executeThenClose { inbound in
@@ -75,7 +84,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
 
     private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
         guard let peer = await peer(connection.channel), allowedUIDs.contains(peer.uid) else {
-            logger.warning("PAM socket: refused a connection from a process that is not root")
+            logger.warning("\(role.rawValue) socket: refused a connection from a process that is not root")
             try? await connection.executeThenClose { _, _ in }
             return
         }
@@ -114,6 +123,12 @@ public struct PAMBridge: Service, CustomStringConvertible {
                     }
                     do { request = try PAMRequest.decode(body) } catch {
                         replyContinuation.yield(.reply(.error("malformed request: \(error)")))
+                        break
+                    }
+                    // Each socket takes only its own requests.
+                    guard request.isAdmin == (role == .admin) else {
+                        logger.warning("\(role.rawValue) socket: \(request.name) belongs on the \(role == .admin ? "PAM" : "admin") socket; closing")
+                        replyContinuation.yield(.reply(.error("\(request.name) is not taken on the \(role.rawValue) socket")))
                         break
                     }
                     if state == .waiting, let prompt, await box.hasPush(prompt) { state = .pushed }
@@ -161,6 +176,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         replyContinuation.yield(.reply(await box.newPairingCode(user: user)))
                     case .enrolPhone(let key, let user, let name):
                         replyContinuation.yield(.reply(await box.enrolPhone(key: key, user: user, name: name)))
+                    case .reload:
+                        replyContinuation.yield(.reply(await reload?() ?? .error("this daemon does not re-read a configuration file")))
                     }
                     if state == .done { break requests }
                 }
@@ -212,6 +229,7 @@ extension PAMRequest {
         case .daemonStatus: "daemonStatus"
         case .newPairingCode: "newPairingCode"
         case .enrolPhone: "enrolPhone"
+        case .reload: "reload"
         }
     }
 }

@@ -27,8 +27,9 @@ public struct RadioService: Service, CustomStringConvertible {
     public func run() async throws {
         try await peripheral.publish(await box.gattService)
         try await peripheral.advertise(await box.advertisingData)
-        readiness?.ready("radio")
-        logger.info("advertising box \(box.identity.boxID) (key \(box.identity.fingerprint)) on \(box.radioDescription)")
+        let radio = await box.radioDescription
+        readiness?.status("advertising box \(box.identity.boxID) on \(radio); PAM and admin socket listening")
+        logger.info("advertising box \(box.identity.boxID) (key \(box.identity.fingerprint)) on \(radio)")
         // Graceful shutdown cancels the work below; that is a normal end, not an error.
         do { try await cancelWhenGracefulShutdown {
             try await withThrowingDiscardingTaskGroup { group in

@@ -56,6 +56,16 @@ public enum PAMRequest: Equatable, Sendable {
     case daemonStatus
     case newPairingCode(user: String)
     case enrolPhone(key: String, user: String, name: String)
+    /// Admin: re-read the configuration file now, answering with what changed or why not.
+    case reload
+
+    /// The administrator's requests: they go to the admin socket only, never the PAM socket.
+    public var isAdmin: Bool {
+        switch self {
+        case .listPhones, .revokePhone, .daemonStatus, .newPairingCode, .enrolPhone, .reload: true
+        default: false
+        }
+    }
 
     public struct WaitRequest: Equatable, Sendable {
         public var service: String
@@ -86,7 +96,7 @@ public enum PAMRequest: Equatable, Sendable {
     enum Kind: UInt8 {
         case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04, capturedPassword = 0x07, intent = 0x08
         case openSession = 0x05, closeSession = 0x06
-        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14
+        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14, reload = 0x15
     }
 
     public func encode() -> [UInt8] {
@@ -108,6 +118,7 @@ public enum PAMRequest: Equatable, Sendable {
         case .daemonStatus: w.kind(Kind.daemonStatus.rawValue)
         case .newPairingCode(let user): w.kind(Kind.newPairingCode.rawValue); w.text(user)
         case .enrolPhone(let key, let user, let name): w.kind(Kind.enrolPhone.rawValue); w.text(key); w.text(user); w.text(name)
+        case .reload: w.kind(Kind.reload.rawValue)
         }
         return w.frame()
     }
@@ -138,6 +149,7 @@ public enum PAMRequest: Equatable, Sendable {
         case .daemonStatus: request = .daemonStatus
         case .newPairingCode: request = .newPairingCode(user: try r.text())
         case .enrolPhone: request = .enrolPhone(key: try r.text(), user: try r.text(), name: try r.text())
+        case .reload: request = .reload
         }
         try r.end()
         return request
@@ -340,7 +352,7 @@ public enum PAMConnectionState: Equatable, Sendable {
         case (.pushed, .cancel): return .done
         case (.fresh, .openSession), (.fresh, .closeSession): return .done
         case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone),
-             (.fresh, .newPairingCode), (.fresh, .enrolPhone): return .fresh
+             (.fresh, .newPairingCode), (.fresh, .enrolPhone), (.fresh, .reload): return .fresh
         default: return nil
         }
     }

@@ -15,7 +15,7 @@ struct Boxkeyd: AsyncParsableCommand {
         abstract: "The Boxkey box daemon: advertises this box over Bluetooth LE, receives phones' encrypted credentials and hands them to PAM, and locks the session when the phone walks away.",
         discussion: "Configuration: /etc/boxkey/boxkeyd.conf (TOML; boxkeyd.conf(5) documents every key). Admin commands talk to the running daemon over its root-only socket. SIGHUP re-reads the configuration (boxkeyd(8)).\n\nExit status: 0 success; 1 failure (the daemon could not start, or refused the request; doctor: a check failed); 64 bad arguments; 69 the daemon is not answering; 78 the configuration file is invalid, or a state file is not the daemon's own, is writable by others, or is corrupt.",
         version: "boxkeyd \(BoxkeyRelease.description)",
-        subcommands: [Run.self, Status.self, PairCode.self, Phones.self, Fleet.self, Doctor.self],
+        subcommands: [Run.self, Status.self, Reload.self, PairCode.self, Phones.self, Fleet.self, Doctor.self],
         defaultSubcommand: Run.self)
 }
 
@@ -23,7 +23,7 @@ struct DaemonOptions: ParsableArguments {
     @Option(name: .long, help: "Configuration file.")
     var config = "/etc/boxkey/boxkeyd.conf"
 
-    @Option(name: .long, help: "Override [pam] socket: the daemon's socket.")
+    @Option(name: .long, help: "Override [pam] socket: the daemon's PAM socket (its admin socket is beside it: admin.sock for pam.sock).")
     var socket: String?
 
     /// The configuration; an invalid file is said on standard error and exits 78 (EX_CONFIG).
@@ -115,6 +115,20 @@ extension Boxkeyd {
         }
     }
 
+    struct Reload: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Have the running daemon re-read its configuration file now, and say what changed.",
+            discussion: "Exit status 1 when the file did not load (the running settings stay, and the error is printed). systemctl reload boxkeyd runs this.")
+        @OptionGroup var options: DaemonOptions
+        func run() throws {
+            // A file that does not load is the daemon's to report (and to keep for status):
+            // the socket is found from the defaults and --socket then.
+            var config = (try? DaemonConfig.load(path: options.config)) ?? DaemonConfig()
+            if let socket = options.socket { config.pamSocket = socket }
+            print(try ask(.reload, config: config))
+        }
+    }
+
     struct Doctor: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Check what breaks a box in the field (configuration, D-Bus, bluetoothd and the adapter, logind, the daemon, its state, the PAM module and every phone-login stack) and say what to do.",
@@ -174,6 +188,7 @@ extension Boxkeyd {
                     Console.error("boxkeyd: give at least 4 hex digits of the fingerprint (boxkeyd phones list shows them)\n")
                     throw ExitCode(64)   // EX_USAGE
                 }
+                var named = fingerprint
                 if !yes {
                     let phones = try AdminJSON.decode([PhoneRegistry.Phone].self, try ask(.listPhones, options))
                     let matches = phones.filter { Fingerprint.matches($0.fingerprint, prefix: fingerprint) }
@@ -191,9 +206,12 @@ extension Boxkeyd {
                             print("not revoked")
                             throw ExitCode(1)
                         }
+                        // Exactly the phone the question named, though the prefix may also
+                        // match one of the fleet directory's.
+                        if let phone = matches.first { named = phone.fingerprint }
                     }
                 }
-                print(try ask(.revokePhone(fingerprint: fingerprint), options))
+                print(try ask(.revokePhone(fingerprint: named), options))
             }
         }
     }
@@ -201,9 +219,12 @@ extension Boxkeyd {
 
 /// One request to the running daemon; returns its answer.
 func ask(_ request: PAMRequest, _ options: DaemonOptions) throws -> String {
-    let config = try options.load()
+    try ask(request, config: try options.load())
+}
+
+func ask(_ request: PAMRequest, config: DaemonConfig) throws -> String {
     do {
-        let client = try PAMSocketClient(path: config.pamSocket)
+        let client = try PAMSocketClient(path: config.adminSocket)
         try client.send(request)
         switch try client.receive(timeoutMilliseconds: 5000) {
         case .text(let t): return t
@@ -213,7 +234,7 @@ func ask(_ request: PAMRequest, _ options: DaemonOptions) throws -> String {
         default: throw ExitCode(1)
         }
     } catch let e as PAMSocketClient.Error {
-        Console.error("boxkeyd: the daemon is not answering on \(config.pamSocket) (\(e)); is it running, and are you root?\n")
+        Console.error("boxkeyd: the daemon is not answering on \(config.adminSocket) (\(e)); is it running, and are you root?\n")
         throw ExitCode(69)   // EX_UNAVAILABLE
     }
 }

@@ -43,6 +43,35 @@ import Testing
         }
     }
 
+    /// A box without bluetoothd waits (saying why) without calling org.bluez, and opens the
+    /// adapter as soon as bluetoothd comes onto the bus: woken by NameOwnerChanged, not by its
+    /// 60 s fallback.
+    @Test func theBoxWaitsForBluetoothdAndOpensWhenItComes() async throws {
+        let bus = try PrivateBus()
+        let said = Said()
+        let opening = Task {
+            try await BlueZWatch.waitForAdapter(bus: bus.bus, fallback: .seconds(60), waiting: { why in Task { await said.add(why) } }) {
+                try await BlueZPeripheral(adapter: "hci0", bus: bus.bus)
+            }
+        }
+        try await Task.sleep(for: .seconds(1))
+        #expect(await said.all.contains { $0.contains("bluetoothd is not running") })
+        let launched = ContinuousClock.now
+        let world = try await BluezooWorld(on: bus)
+        defer { world.close() }
+        let ready = ContinuousClock.now - launched
+        let peripheral = try await opening.value
+        let waited = ContinuousClock.now - launched
+        print("bluezoo launched -> its adapters on the bus \(ready), -> the box's adapter open \(waited)")
+        #expect(waited < .seconds(10), "woken by the fallback, not by bluetoothd arriving")
+        await peripheral.close()
+    }
+
+    actor Said {
+        var all: [String] = []
+        func add(_ s: String) { all.append(s) }
+    }
+
     @Test func noBluetoothdIsAClearError() async throws {
         let bus = try PrivateBus()
         defer { bus.close() }

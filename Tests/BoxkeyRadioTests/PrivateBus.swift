@@ -75,8 +75,13 @@ final class BluezooWorld: @unchecked Sendable {
         return root.appendingPathComponent(".venv/bin/bluezoo").path
     }
 
-    init() async throws {
-        bus = try PrivateBus()
+    convenience init() async throws {
+        try await self.init(on: try PrivateBus())
+    }
+
+    /// bluezoo coming onto a bus that had no bluetoothd (the world owns the bus from now on).
+    init(on bus: PrivateBus) async throws {
+        self.bus = bus
         do { bluezoo = try Self.launch(on: bus) } catch {
             bus.close()
             throw error

@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 
-from conftest import SLOW
+import time
+
+from conftest import PASSWORD, RADIO, SLOW, wait_for
 
 NOBODY = 65534
 
@@ -148,3 +150,105 @@ def test_every_status_json_key_is_documented(world):
     documented = set(re.findall(r"^\s*\| `([a-zA-Z.]+)` \|", doc, re.M))
     missing = sorted(set(json_keys(status)) - documented)
     assert not missing, f"status --json keys not in docs/operations.md: {missing}"
+
+
+def admin_socket_of(world):
+    """The admin socket beside the World's PAM socket (admin.sock for pam.sock)."""
+    return os.path.join(os.path.dirname(world.socket), os.path.basename(world.socket).replace("pam", "admin", 1))
+
+
+def ask_raw(path, kind, body=b""):
+    """One request frame (PAM wire 3) on `path`; the reply's kind byte and its text."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    frame = bytes([3, kind]) + body
+    s.sendall(len(frame).to_bytes(2, "big") + frame)
+    head = s.recv(2)
+    reply = b""
+    while len(reply) < int.from_bytes(head, "big"):
+        reply += s.recv(4096)
+    s.close()
+    return reply[1], reply[3:].decode(errors="replace")
+
+
+def test_admin_requests_go_to_the_admin_socket_only(world):
+    """The PAM socket (the module's) takes no admin request, and the admin socket no prompt."""
+    world.start_box()
+    admin_socket = admin_socket_of(world)
+    assert os.stat(admin_socket).st_mode & 0o777 == 0o600
+    kind, text = ask_raw(world.socket, 0x12)  # daemonStatus on the PAM socket
+    assert kind == 0x85 and "not taken on the PAM socket" in text, text
+    kind, text = ask_raw(admin_socket, 0x12)
+    assert kind == 0x86 and '"boxID"' in text, text
+    wait = b"".join(bytes([len(v)]) + v for v in (b"login", b"tty1", b"", b"", b"")) + (1000).to_bytes(4, "big")
+    kind, text = ask_raw(admin_socket, 0x02, wait)  # waitForPush on the admin socket
+    assert kind == 0x85 and "not taken on the admin socket" in text, text
+
+
+def test_reload_answers_and_fails_when_the_file_does_not_load(world):
+    """Before: `systemctl reload` sent SIGHUP and returned 0 whatever happened. `boxkeyd reload`
+    (the unit's ExecReload) waits for the daemon's answer; status keeps the last outcome."""
+    world.start_box()
+    r = world.admin("reload")
+    assert r.returncode == 0 and "reloaded the configuration" in r.stdout, r.stdout + r.stderr
+    path = os.path.join(world.work, "boxkeyd.conf")
+    good = open(path).read()
+    with open(path, "a") as f:
+        f.write("[limits]\nno_such_key = 1\n")
+
+    def boxkeyd(*args):
+        return subprocess.run([world.bins["boxkeyd"], *args, "--config", path, "--socket", world.socket],
+                              env=world.box_env, capture_output=True, text=True, timeout=20)
+    r = boxkeyd("reload")
+    assert r.returncode == 1 and "reload failed" in r.stderr and "no_such_key" in r.stderr, r.stdout + r.stderr
+    with open(path, "w") as f:
+        f.write(good)
+    status = json.loads(boxkeyd("status", "--json").stdout)
+    assert status["lastReload"].startswith("failed") and "no_such_key" in status["lastReload"], status
+    assert boxkeyd("reload").returncode == 0
+
+
+@pytest.mark.skipif(RADIO == "bluez", reason="the lab's bus has bluetoothd")
+def test_without_bluetoothd_the_box_is_ready_at_once_and_its_admin_works(world):
+    """Before: on a box without an adapter, status, phones list/revoke and pair-code exited 69
+    while systemd said "running" (the sockets came only with the radio), and every start waited
+    on D-Bus. Now the sockets come first; the radio joins when bluetoothd and the adapter do."""
+    world.settings["radio"] = {"backend": "bluez"}
+    admin_socket = admin_socket_of(world)
+    started = time.monotonic()
+    world.start_box(expect_ready=False)
+    wait_for(lambda: os.path.exists(world.socket) and os.path.exists(admin_socket), timeout=5, what="both sockets")
+    print(f"FIGURE no bluetoothd: boxkeyd start -> sockets listening {time.monotonic() - started:.3f} s")
+    status = json.loads(world.admin("status", "--json").stdout)
+    assert "waiting for Bluetooth" in status["radio"] and "bluetoothd is not running" in status["radio"], status
+    assert re.search(r"\d{6}", world.admin("pair-code", "--user", "alice").stdout)
+    key = "ab" * 32
+    assert world.admin("phones", "enrol", key, "--user", "bob").returncode == 0
+    phones = json.loads(world.admin("phones", "list", "--json").stdout)
+    assert world.admin("phones", "revoke", "--yes", phones[0]["fingerprint"][:9]).returncode == 0
+    # A prompt meanwhile: no phone login offered, no code shown, the password works.
+    prompt = world.greeter("authenticate", stdin=PASSWORD + "\n", wait=False)
+    code, out = world.finish(prompt)
+    assert code == 0 and "successfully authenticated" in out and "Pairing code" not in out, out
+    assert "not offering phone login" in world.box_output() and "waiting for Bluetooth" in world.box_output()
+    assert world.box_process.poll() is None
+
+
+def test_doctor_tells_a_stopped_daemon_from_a_killed_one_and_warns_of_sudo_in_services(world):
+    """Before: doctor said "journalctl says why it stopped" whether the daemon had stopped, been
+    killed or was never started, and "ok" with sudo or sshd in [pam] services."""
+    world.settings["pam"]["services"] = ["boxkey-test", "sudo", "sshd"]
+    world.start_box()
+    out = world.admin("doctor").stdout
+    assert "warning [pam] services: sudo is listed" in out and "warning [pam] services: sshd is listed: an SSH login is remote" in out, out
+    world.box_process.kill()
+    world.box_process.wait(10)
+    out = world.admin("doctor").stdout
+    assert "is there but nobody answers" in out and "systemctl restart boxkeyd" in out, out
+    for path in (world.socket, admin_socket_of(world)):
+        if os.path.exists(path):
+            os.unlink(path)
+    out = world.admin("doctor").stdout
+    assert "FAILED  boxkeyd: not running (no " in out and "systemctl enable --now boxkeyd" in out, out

@@ -23,20 +23,21 @@ extension Box {
         guard let fleet = config.fleet, let roster = fleetRoster, !registry.isRevoked(phone) else { return local }
         // A user the box knows, not root, with the uid the directory gives (where it gives one).
         let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale).filter { user in
-            guard let uid = uid(of: user), uid != 0 else { return false }
+            // The account of exactly that name: a case-insensitive NSS (sssd) gives `Alice`, a
+            // different person, for the directory's `alice`.
+            guard let uid = uid(of: user), uid != 0, Self.accountName(user).map({ $0 == user }) ?? true else { return false }
             return roster.uidNumbers[user].map { $0 == uid } ?? true
         }
         return local + fromFleet.filter { !local.contains($0) }
     }
 
-    /// The one fleet phone whose fingerprint starts with `fingerprint` (for a local revocation).
-    func fleetPhone(fingerprint: String) -> (key: PublicKey, name: String)? {
-        guard let roster = fleetRoster else { return nil }
-        let matches = roster.phones.compactMap { k, p -> (PublicKey, String)? in
+    /// The fleet phones whose fingerprint starts with `fingerprint` (for a local revocation).
+    func fleetPhones(fingerprint: String) -> [(key: PublicKey, name: String)] {
+        guard let roster = fleetRoster else { return [] }
+        return roster.phones.compactMap { k, p -> (PublicKey, String)? in
             guard let bytes = unhex(k), let key = try? PublicKey(bytes), Fingerprint.matches(key.fingerprint, prefix: fingerprint) else { return nil }
             return (key, p.name)
         }
-        return matches.count == 1 ? matches[0] : nil
     }
 
     /// With `[fleet] publish`, a phone enrolled here by a pairing code is written to the

@@ -32,6 +32,10 @@ public struct FleetDirectory: Sendable {
 
     /// An open, bound connection; closed when the body returns.
     func withConnection<T>(_ body: (OpaquePointer) throws -> T) throws -> T {
+        // Whoever can write the CA file can pose as the directory and hand out phones.
+        if !settings.caFile.isEmpty, let problem = DaemonConfig.ownershipProblem(settings.caFile) {
+            throw Failure(description: "[fleet] ca_file: \(problem)")
+        }
         var password = try readPassword()
         defer { secureZero(&password) }
         var handle: OpaquePointer?
@@ -67,22 +71,38 @@ public struct FleetDirectory: Sendable {
 
     /// More entries with phones than this is not a fleet but a directory gone wrong: the read fails.
     public static let maxEntries = 200_000
+    /// Names per filter when the roster's names are looked up among all entries.
+    static let namesPerFilter = 200
 
     /// Every entry under the base with phones: the roster, the round trips it took, and what it
     /// left out (values that are not phone keys; entries whose login name is ambiguous).
     public func readRoster(now: Date = Date()) throws -> (roster: FleetRoster, requests: Int, skipped: Int) {
         try withConnection { ld in
-            var entries: [(names: [String], number: String?, values: [String])] = []
+            var entries: [(dn: String, names: [String], number: String?, values: [String])] = []
             var tooMany = false
-            let requests = try search(ld, filter: "(&(objectClass=\(Self.userClass))(\(Self.phoneAttribute)=*))") { _, names, number, values in
-                entries.append((names, number, values))
+            let requests = try search(ld, filter: "(&(objectClass=\(Self.userClass))(\(Self.phoneAttribute)=*))") { dn, names, number, values in
+                entries.append((dn, names, number, values))
                 tooMany = entries.count > Self.maxEntries
                 return tooMany
             }
             if tooMany { throw Failure(description: "more than \(Self.maxEntries) entries with phones under \(settings.base)") }
+            // A name vouches only if no other entry under the base has it, or one that looks
+            // like it, phones or not (a renamed or copied entry): every entry the server
+            // matches to the names read is counted, in batches of one filter each.
+            var others = 0
+            var seen = Set(entries.map(\.dn))
+            let names = Array(Set(entries.flatMap(\.names).filter(FleetRoster.isFleetName))).sorted()
+            for start in stride(from: 0, to: names.count, by: Self.namesPerFilter) {
+                let batch = names[start..<min(start + Self.namesPerFilter, names.count)]
+                let filter = "(|" + batch.map { "(\(settings.userAttribute)=\(Self.escape($0)))" }.joined() + ")"
+                others += try search(ld, base: settings.base, filter: filter, names: settings.userAttribute, values: "1.1") { dn, names, number, _ in
+                    if seen.insert(dn).inserted { entries.append((dn, names, number, [])) }
+                    return false
+                }
+            }
             var roster = FleetRoster(readAt: now)
-            let skipped = roster.add(entries: entries)
-            return (roster, requests, skipped)
+            let skipped = roster.add(entries: entries.map { ($0.names, $0.number, $0.values) })
+            return (roster, requests + others, skipped)
         }
     }
 
