@@ -142,11 +142,11 @@ let package = Package(
 
         .testTarget(
             name: "BoxkeyRadioTests",
-            dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus", "CBoxkeySys"]
+            dependencies: ["BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus", "CBoxkeySys"]
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",
-            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
+            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),

@@ -53,21 +53,49 @@ public struct DoctorReport: Sendable, Encodable {
 /// The checks both ends share: the system bus, bluetoothd, and the adapter (there, powered,
 /// not blocked by rfkill).
 public enum RadioDoctor {
-    public static func check(adapter wanted: String?, rfkill: String = "/sys/class/rfkill") async -> DoctorReport {
+    /// Where the checks look on this machine: a test points them elsewhere.
+    public struct Machine: Sendable {
+        /// bluetoothd's program, where Debian's bluez puts it (a symbolic link and the file).
+        public var bluetoothd = ["/usr/sbin/bluetoothd", "/usr/libexec/bluetooth/bluetoothd"]
+        /// The kernel's Bluetooth controllers (bluetooth.service starts only when it exists).
+        public var controllers = "/sys/class/bluetooth"
+        public var rfkill = "/sys/class/rfkill"
+        public init() {}
+    }
+
+    public static func check(adapter wanted: String?, bus busKind: DBusConnection.Bus = .system, machine: Machine = Machine()) async -> DoctorReport {
         var report = DoctorReport()
         let bus: DBusConnection
-        do { bus = try DBusConnection(.system) } catch {
+        do { bus = try DBusConnection(busKind) } catch {
             report.fail("system bus", "cannot connect (\(error))", do: "start D-Bus: systemctl start dbus")
             return report
         }
         defer { bus.close() }
         report.ok("system bus", "connected")
+        // Asked of the bus first: a call to org.bluez with no owner would start bluetoothd, and
+        // each case below wants its own advice.
+        let owned = try? await bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
+                                        [.string("org.bluez")], timeout: .seconds(3)).first?.bool
+        if owned != true {
+            let files = FileManager.default
+            if !machine.bluetoothd.contains(where: { files.fileExists(atPath: $0) }) {
+                report.fail("bluetoothd", "bluez is not installed: no bluetoothd on this machine",
+                            do: "apt install bluez (boxkeyd opens the adapter when bluetoothd starts)")
+            } else if ((try? files.contentsOfDirectory(atPath: machine.controllers)) ?? []).isEmpty {
+                report.fail("adapter", "the kernel has no Bluetooth controller (\(machine.controllers) is empty), so bluetoothd does not start",
+                            do: "plug in a Bluetooth LE adapter: bluetoothd and then boxkeyd take it up by themselves; `dmesg | grep -i bluetooth` says whether the kernel saw one")
+            } else {
+                report.fail("bluetoothd", "not running (no org.bluez on the system bus), though bluez is installed and the kernel has a controller",
+                            do: "systemctl enable --now bluetooth; if it stops again, journalctl -u bluetooth -b says why")
+            }
+            return report
+        }
         let objects: [DBusValue]
         do {
             objects = try await bus.call("org.bluez", "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects", timeout: .seconds(3))
         } catch {
-            report.fail("bluetoothd", "not answering on the system bus (\(error))",
-                        do: "apt install bluez, then systemctl enable --now bluetooth")
+            report.fail("bluetoothd", "running but not answering on the system bus (\(error))",
+                        do: "systemctl restart bluetooth; journalctl -u bluetooth -b")
             return report
         }
         report.ok("bluetoothd", "answering")
@@ -90,7 +118,7 @@ public enum RadioDoctor {
                         do: "plug in a Bluetooth LE adapter; `btmgmt info` lists what the kernel sees, `rfkill list` what is blocked")
             return report
         }
-        let block = rfkillBlock(rfkill)
+        let block = rfkillBlock(machine.rfkill)
         if adapter.powered {
             report.ok("adapter", "\(adapter.name), powered")
         } else if let block {

@@ -1,9 +1,12 @@
 """boxkeyd.service as systemd runs it on a booted box: a start says nothing at notice or above
 that an admin would have to look into, a configuration error stops the unit instead of
-restarting it every 2 s, and the simulated radio's folder is made only when asked for."""
+restarting it every 2 s, the simulated radio's folder is made only when asked for, and a box
+without Bluetooth is ready at once."""
+import json
+import re
 import time
 
-from conftest import configure_box, inside, journal, journal_cursor, wait_for
+from conftest import configure_box, figure, inside, journal, journal_cursor, wait_for
 
 
 def test_a_start_logs_nothing_at_notice_or_above():
@@ -46,3 +49,61 @@ def test_the_simulated_radios_folder_is_made_only_when_asked_for():
         inside("mv", "/root/simulated-radio.conf", "/etc/systemd/system/boxkeyd.service.d/simulated-radio.conf")
         inside("systemctl", "daemon-reload")
     assert "boxkey-sim" in inside("systemctl", "show", "-p", "RuntimeDirectory", "boxkeyd").stdout
+
+
+def test_a_box_without_bluetooth_is_ready_at_once_and_can_be_administered():
+    """This root has bluez installed and no Bluetooth controller, as a thin client without a
+    dongle. Before: every start blocked ~15 s (Type=notify waited while a D-Bus call activated
+    org.bluez), status/phones/pair-code exited 69 while systemd said "running", doctor said
+    "apt install bluez", and the daemon activated org.bluez again every 27-35 s."""
+    dropin = "/etc/systemd/system/boxkeyd.service.d/simulated-radio.conf"
+    inside("cp", "/etc/boxkey/boxkeyd.conf", "/root/boxkeyd.conf.sim")
+    inside("mv", dropin, "/root/simulated-radio.conf")
+    try:
+        inside("sh", "-c", "cat >/etc/boxkey/boxkeyd.conf", input='[box]\nid = "4821"\n')  # BlueZ, the default
+        inside("systemctl", "daemon-reload")
+        cursor = journal_cursor()
+        inside("systemctl", "restart", "boxkeyd")
+        show = dict(line.split("=", 1) for line in inside(
+            "systemctl", "show", "-p", "InactiveExitTimestampMonotonic", "-p", "ActiveEnterTimestampMonotonic",
+            "-p", "ActiveState", "-p", "StatusText", "boxkeyd").stdout.splitlines())
+        starting = (int(show["ActiveEnterTimestampMonotonic"]) - int(show["InactiveExitTimestampMonotonic"])) / 1e6
+        figure("no adapter: boxkeyd starting -> active (s)", round(starting, 3))
+        chain = inside("systemd-analyze", "critical-chain", "--no-pager", "boxkeyd.service", check=False).stdout
+        print(chain)
+        assert show["ActiveState"] == "active" and starting <= 0.5, show
+        took = re.search(r"boxkeyd\.service\s+@\S+\s+\+(\d+(?:\.\d+)?)(ms|s)\b", chain)
+        if took:  # systemd prints no +time when the unit took no time worth printing
+            assert float(took.group(1)) / (1000 if took.group(2) == "ms" else 1) <= 0.5, chain
+        assert "waiting for Bluetooth" in show["StatusText"], show
+
+        # Administration works while the radio waits.
+        status = json.loads(inside("boxkeyd", "status", "--json").stdout)
+        assert "waiting for Bluetooth" in status["radio"], status
+        assert re.search(r"\d{6}", inside("boxkeyd", "pair-code", "--user", "bob").stdout)
+        inside("boxkeyd", "phones", "enrol", "cd" * 32, "--user", "bob")
+        bobs = [p for p in json.loads(inside("boxkeyd", "phones", "list", "--json").stdout) if p["users"] == ["bob"]]
+        assert len(bobs) == 1
+        inside("boxkeyd", "phones", "revoke", "--yes", bobs[0]["fingerprint"][:9])
+        assert all("revokedAt" in p for p in json.loads(inside("boxkeyd", "phones", "list", "--json").stdout) if p["users"] == ["bob"])
+
+        # The advice fits this box: bluez is installed; what is missing is the adapter.
+        doctor = inside("boxkeyd", "doctor", check=False).stdout
+        print(doctor)
+        assert "apt install bluez" not in doctor, doctor
+        assert "no Bluetooth controller" in doctor or "bluetoothd has no adapter" in doctor, doctor
+        assert re.search(r"ok +boxkeyd: answering", doctor), doctor
+
+        # Idle, nothing repeats: no activation of org.bluez, no line from boxkeyd (the old
+        # daemon's three lines came every 27-35 s).
+        said = journal(since=cursor)
+        time.sleep(36)
+        later = journal(since=cursor)
+        assert later == said, later[len(said):]
+        everything = inside("journalctl", "-o", "cat", "--no-pager", "--cursor", cursor, check=False).stdout
+        assert "name='org.bluez'" not in everything, [line for line in everything.splitlines() if "org.bluez" in line]
+    finally:
+        inside("mv", "/root/simulated-radio.conf", dropin)
+        inside("cp", "/root/boxkeyd.conf.sim", "/etc/boxkey/boxkeyd.conf")
+        inside("systemctl", "daemon-reload")
+        configure_box()
