@@ -1,5 +1,6 @@
 @testable import BoxkeyDaemon
 import BoxkeyCore
+import BoxkeyHost
 import FoundationEssentials
 import Testing
 
@@ -72,15 +73,76 @@ import Testing
         let dir = FileManager.default.temporaryDirectory.path + "/fleet-\(UInt64.random(in: 0...UInt64.max))"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/fleet-roster.json", key = KeyPair.generate().privateKey
         var roster = FleetRoster(readAt: Date(timeIntervalSince1970: 1_800_000_000))
         roster.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "p")])
-        try roster.save(path: dir + "/fleet-roster.json")
-        #expect(try FleetRoster.load(path: dir + "/fleet-roster.json") == roster)
-        let mode = try FileManager.default.attributesOfItem(atPath: dir + "/fleet-roster.json")[.posixPermissions] as? Int
+        try roster.save(path: path, sealedBy: key)
+        #expect(try FleetRoster.load(path: path, sealedBy: key) == roster)
+        let mode = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
         #expect(mode == 0o600)
-        try Data("{".utf8).write(to: URL(fileURLWithPath: dir + "/fleet-roster.json"))
-        #expect(throws: (any Error).self) { try FleetRoster.load(path: dir + "/fleet-roster.json") }
-        #expect(try FleetRoster.load(path: dir + "/none.json") == nil)
+        try Data("{".utf8).write(to: URL(fileURLWithPath: path))
+        #expect(throws: (any Error).self) { try FleetRoster.load(path: path, sealedBy: key) }
+        #expect(try FleetRoster.load(path: dir + "/none.json", sealedBy: key) == nil)
+    }
+
+    /// The attack: a cache with the right owner and mode that this box did not write (another
+    /// program of root's, an edit, a restore from another box) vouches for nobody.
+    @Test func aCacheThisBoxDidNotSealIsRefused() throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/fleet-\(UInt64.random(in: 0...UInt64.max))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/fleet-roster.json", key = KeyPair.generate().privateKey
+        var roster = FleetRoster(readAt: Date())
+        roster.add(user: "alice", values: [FleetRoster.value(key: alicePhone, name: "alice's")])
+
+        func refused(_ why: String) {
+            do {
+                _ = try FleetRoster.load(path: path, sealedBy: key)
+                Issue.record("took a cache that is \(why)")
+            } catch {
+                #expect("\(error)".contains("not") && "\(error)".contains("sealed by this box") || "\(error)".contains("not written by this box"), "\(error)")
+            }
+        }
+        // Another box's cache, copied here.
+        try roster.save(path: path, sealedBy: KeyPair.generate().privateKey)
+        refused("from another box")
+        // This box's cache with a key added for alice.
+        try roster.save(path: path, sealedBy: key)
+        var text = String(decoding: try Data(contentsOf: URL(fileURLWithPath: path)), as: UTF8.self)
+        text = text.replacing(hex(alicePhone.bytes), with: hex(bobPhone.bytes))
+        try PrivateFiles.write(Data(text.utf8), to: path)
+        refused("edited")
+        // An unsealed cache (the JSON alone, as 0.5 wrote it).
+        let json = text.split(separator: "\n", maxSplits: 1)[1]
+        try PrivateFiles.write(Data(json.utf8), to: path)
+        refused("unsealed")
+    }
+
+    /// Crafted values are refused one by one; the good values of the same entry stay.
+    @Test func craftedPhoneValuesAreRefusedOneByOne() {
+        let keys = (0..<6).map { _ in hex(KeyPair.generate().publicKey.bytes) }
+        var roster = FleetRoster(readAt: Date())
+        let skipped = roster.add(user: "alice", values: [
+            keys[0],
+            keys[1] + " phone\u{0}evil",        // NUL
+            String(keys[2].dropLast()),           // 63 digits
+            keys[2] + "ab",                       // 66 digits
+            " " + keys[3],                        // leading space
+            keys[4] + " " + String(repeating: "x", count: 65),  // too long
+            keys[3] + " t\u{e9}l\u{e9}phone",   // not ASCII
+            keys[4] + "\nuid: bob",              // a line break
+            keys[5] + " alice's phone",
+        ])
+        #expect(Set(roster.phones.keys) == [keys[0], keys[5]])
+        #expect(roster.phones[keys[5]]?.name == "alice's phone")
+        #expect(skipped.count == 7)
+    }
+
+    @Test func anEntryHoldsAtMostSixteenPhones() {
+        let keys = (0..<20).map { _ in hex(KeyPair.generate().publicKey.bytes) }
+        var roster = FleetRoster(readAt: Date())
+        let skipped = roster.add(user: "alice", values: keys)
+        #expect(roster.phones.count == FleetRoster.maxValuesPerEntry && skipped == Array(keys.suffix(4)))
     }
 
     @Test func filterValuesAreEscaped() {

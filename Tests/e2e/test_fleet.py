@@ -3,7 +3,10 @@ by its pairing code, logs in at another box that never saw it; revoking it in th
 makes every box refuse it within [fleet] refresh_s; with the directory down a box works from
 its cache until [fleet] max_stale_s, then refuses fleet phones (the password prompt always
 works)."""
+import base64
 import copy
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -27,6 +30,34 @@ def directory(world):
 
 def use_fleet(world, directory, **extra):
     world.settings["fleet"] = directory.fleet_settings(refresh_s=REFRESH_S, **extra)
+
+
+def cache_path(world):
+    return os.path.join(world.settings["box"]["state_directory"], "fleet-roster.json")
+
+
+def read_cache(world):
+    """The roster the box cached: a seal line, then the JSON."""
+    with open(cache_path(world)) as f:
+        return json.loads(f.read().split("\n", 1)[1])
+
+
+def seal(contents, private_key):
+    """FileSeal: HMAC-BLAKE2b under a key derived from the box's private key (BoxkeyCore)."""
+    file_key = hmac.new(private_key, b"boxkey file seal: fleet-roster.json", hashlib.blake2b).digest()
+    return hmac.new(file_key, contents, hashlib.blake2b).hexdigest()
+
+
+def write_cache(world, roster, private_key=None):
+    """Writes `roster` as the cache, sealed with the box's own key (what the box itself would
+    have written) or with `private_key` (another box's)."""
+    if private_key is None:
+        with open(os.path.join(world.settings["box"]["state_directory"], "identity")) as f:
+            private_key = bytes.fromhex(re.search(r"^private-key (\w+)$", f.read(), re.M).group(1))
+    contents = json.dumps(roster, sort_keys=True).encode()
+    fd = os.open(cache_path(world), os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"boxkey-fleet-cache 1 " + seal(contents, private_key).encode() + b"\n" + contents)
 
 
 def become(world, box_id):
@@ -132,11 +163,9 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     # The cache is older than max_stale_s (as if the directory had been away that long):
     # fleet phones are refused, the password prompt works.
     world.stop_box()
-    cache = os.path.join(world.settings["box"]["state_directory"], "fleet-roster.json")
-    roster = json.load(open(cache))
+    roster = read_cache(world)
     roster["readAt"] = "2026-01-01T00:00:00Z"
-    with open(cache, "w") as f:
-        json.dump(roster, f)
+    write_cache(world, roster)  # sealed as the box would have, an hour and more ago
     world.start_box()
     wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the failed read")
     status = world.admin("status").stdout
@@ -150,6 +179,67 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     wait_for(lambda: "fleet directory answers again" in world.box_output(), timeout=20, what="the directory answering again")
     r, (code, out) = phone_login(world, "4821")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_cache_this_box_did_not_seal_vouches_for_nobody(world, directory):
+    """Attack: the box restarts while the directory is down and finds a roster cache with the
+    right owner and mode that lists another phone for alice: this box's cache with the key
+    swapped in, or a cache sealed by another box. Neither is used; the phone is not enrolled."""
+    use_fleet(world, directory, max_stale_s=3600)
+    assert admin_fleet(world, directory, "enrol", "ab" * 32, "--user", "alice", "--name", "alice's own").returncode == 0
+    world.start_box()
+    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's first read")
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    world.stop_box()
+    directory.stop()
+    with open(cache_path(world)) as f:
+        seal_line, _ = f.read().split("\n", 1)
+    roster = read_cache(world)
+    roster["phones"][phone_key(world)] = roster["phones"].pop("ab" * 32)
+    edited = json.dumps(roster, sort_keys=True)
+
+    def edit_in_place():
+        fd = os.open(cache_path(world), os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(fd, "w") as f:
+            f.write(seal_line + "\n" + edited)
+    for how, write in (("this box's cache, edited", edit_in_place),
+                       ("another box's cache", lambda: write_cache(world, roster, private_key=os.urandom(32)))):
+        write()
+        assert oct(os.stat(cache_path(world)).st_mode & 0o777) == "0o600"
+        refusals = world.box_output().count("was not written by this box")
+        world.start_box()
+        wait_for(lambda: world.box_output().count("was not written by this box") > refusals, what=f"the box refusing {how}")
+        assert "from the cache" not in world.box_output(), how
+        r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
+        assert r.returncode != 0 and "not enrolled" in r.stderr, (how, r.stdout + r.stderr)
+        assert code == 0 and "successfully authenticated" in out, out
+        world.stop_box()
+
+
+def test_crafted_phone_values_are_skipped_one_by_one_and_an_entry_holds_sixteen_phones(world, directory):
+    """Values written into alice's entry by hand or by another tool: each malformed one is
+    skipped and logged, her phone (the first value) still logs in, and values past sixteen good
+    ones are skipped too (a box's memory is not the directory's to spend)."""
+    use_fleet(world, directory)
+    key = phone_key(world)
+    # (slapd itself refuses what is not IA5, UTF-8 names: FleetTests covers those.)
+    crafted = [key[:63] + "g", " " + "ab" * 32, "cd" * 32 + "\nuid: bob", "ef" * 32 + " " + "x" * 65, "12" * 32 + " tab\there"]
+    extra = [os.urandom(32).hex() for _ in range(20)]
+    values = [key + " alice's phone", *crafted, *extra]
+    ldif = f"dn: uid=alice,{PEOPLE}\nchangetype: modify\nadd: boxkeyPhone\n" + "".join(
+        f"boxkeyPhone:: {base64.b64encode(v.encode()).decode()}\n" for v in values)
+    r = directory.ldap("ldapmodify", input=ldif)
+    assert r.returncode == 0, r.stderr
+    world.start_box()
+    # 16 taken (her phone and 15 of the 20 keys); the 5 crafted values and the last 5 keys skipped.
+    wait_for(lambda: "fleet: read 16 phone(s)" in world.box_output(), what="the box's first read")
+    assert "skipped 10 value(s): not phone keys, or past 16 on one entry" in world.box_output(), world.box_output()[-2000:]
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    r, (code, out) = phone_login(world, "4821")
+    assert r.returncode == 0 and "Logged in to box 4821 as alice" in r.stdout, r.stdout + r.stderr
+    assert code == 0
 
 
 def test_users_cannot_enrol_their_own_phones_or_take_another_name_in_the_directory(world, directory):

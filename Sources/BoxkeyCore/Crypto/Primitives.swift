@@ -263,3 +263,20 @@ struct Blake2bStream: ~Copyable {
         state.deallocate()
     }
 }
+
+/// A seal on a file only its writer reads back (the box's fleet roster cache): HMAC-BLAKE2b
+/// under a key derived from the writer's private key and the file's label. A file someone else
+/// wrote or edited — whatever its owner and mode — or one copied from another box fails the check.
+public enum FileSeal {
+    public static let length = Blake2b.hashLength
+
+    public static func seal(_ contents: [UInt8], key: SecureBytes, label: String) -> [UInt8] {
+        let fileKey = key.withUnsafeBytes { k in Array(("boxkey file seal: " + label).utf8).withUnsafeBytes { Blake2b.hmac(key: k, data: [$0]) } }
+        return fileKey.withUnsafeBytes { k in contents.withUnsafeBytes { Blake2b.hmac(key: k, data: [$0]).unprotectedCopy } }
+    }
+
+    public static func verify(_ seal: [UInt8], of contents: [UInt8], key: SecureBytes, label: String) -> Bool {
+        let expected = Self.seal(contents, key: key, label: label)
+        return expected.withUnsafeBytes { e in seal.withUnsafeBytes { constantTimeEqual(e, $0) } }
+    }
+}

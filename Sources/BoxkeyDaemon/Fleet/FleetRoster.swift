@@ -52,8 +52,10 @@ public struct FleetRoster: Sendable, Codable, Equatable {
     @discardableResult
     public mutating func add(user: String, values: [String]) -> [String] {
         var skipped: [String] = []
+        var taken = 0
         for value in values {
-            guard let (key, name) = Self.parse(value) else { skipped.append(value); continue }
+            guard taken < Self.maxValuesPerEntry, let (key, name) = Self.parse(value) else { skipped.append(value); continue }
+            taken += 1
             let k = hex(key.bytes)
             var phone = phones[k] ?? Phone(users: [], name: name)
             if !phone.users.contains(user) { phone.users.append(user) }
@@ -124,7 +126,17 @@ public struct FleetRoster: Sendable, Codable, Equatable {
         return printable.isEmpty ? hex(key.bytes) : "\(hex(key.bytes)) \(printable)"
     }
 
+    /// A person has a phone or two: an entry with more values than this is a mistake or an
+    /// attack on the boxes' memory, and the values past it are left out (and logged).
+    public static let maxValuesPerEntry = 16
+    /// 64 hex digits, a space, a name of at most 64 characters.
+    public static let maxValueLength = 64 + 1 + 64
+
+    /// The key and name of a value, or nil for anything else: too long, a character that is not
+    /// printable ASCII (NUL, a line break, UTF-8), a leading space, a key not of 64 hex digits.
     public static func parse(_ value: String) -> (key: PublicKey, name: String)? {
+        let bytes = value.utf8
+        guard bytes.count <= maxValueLength, bytes.first != UInt8(ascii: " "), bytes.allSatisfy({ $0 >= 0x20 && $0 < 0x7f }) else { return nil }
         let parts = value.split(separator: " ", maxSplits: 1)
         guard let first = parts.first, first.count == 64, let bytes = unhex(String(first).lowercased()),
               let key = try? PublicKey(bytes) else { return nil }
@@ -133,23 +145,41 @@ public struct FleetRoster: Sendable, Codable, Equatable {
 
     // MARK: - The cache file
 
-    public static func load(path: String) throws -> FleetRoster? {
+    /// The cache's first line: its format and the seal (`FileSeal`) under the box's key; the
+    /// roster's JSON follows.
+    static let cacheHeader = "boxkey-fleet-cache 1 "
+    static let sealLabel = "fleet-roster.json"
+
+    /// The cache, if this box wrote it: `key` is the box's private key.
+    public static func load(path: String, sealedBy key: SecureBytes) throws -> FleetRoster? {
         // A cache another account could have written vouches for nobody: not used, said loudly,
-        // and the next read of the directory replaces it.
+        // and the next read of the directory replaces it. So is one whose seal is not this
+        // box's: edited, written by another program, restored from another box.
         let bytes: [UInt8]?
         do { bytes = try PrivateFiles.readOwn(path) } catch { throw BoxIdentity.Error(description: "\(error); the next read of the directory replaces it") }
         guard let bytes else { return nil }
+        guard let newline = bytes.firstIndex(of: UInt8(ascii: "\n")),
+              let first = String(validating: bytes[..<newline], as: UTF8.self), first.hasPrefix(cacheHeader),
+              let seal = unhex(String(first.dropFirst(cacheHeader.count))), seal.count == FileSeal.length else {
+            throw BoxIdentity.Error(description: "\(path) is not sealed by this box (no seal line): not used; the next read of the directory replaces it")
+        }
+        let json = Array(bytes[(newline + 1)...])
+        guard FileSeal.verify(seal, of: json, key: key, label: sealLabel) else {
+            throw BoxIdentity.Error(description: "\(path) was not written by this box (its seal does not match: edited, or from another box): not used; the next read of the directory replaces it")
+        }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        do { return try decoder.decode(FleetRoster.self, from: Data(bytes)) } catch {
+        do { return try decoder.decode(FleetRoster.self, from: Data(json)) } catch {
             throw BoxIdentity.Error(description: "\(path) is corrupt (\(error)); it is only a cache: the next read of the directory replaces it")
         }
     }
 
-    public func save(path: String) throws {
+    public func save(path: String, sealedBy key: SecureBytes) throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.sortedKeys]
-        try PrivateFiles.write(try encoder.encode(self), to: path)
+        let json = Array(try encoder.encode(self))
+        let seal = FileSeal.seal(json, key: key, label: Self.sealLabel)
+        try PrivateFiles.write(Data(Array((Self.cacheHeader + hex(seal) + "\n").utf8) + json), to: path)
     }
 }

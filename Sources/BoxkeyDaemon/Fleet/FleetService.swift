@@ -6,7 +6,8 @@ import NIOPosix
 import ServiceLifecycle
 
 /// Reads the fleet directory every `[fleet] refresh_s` and hands the roster to the box; keeps
-/// the last read in `<state>/fleet-roster.json` for a restart while the directory is away; and
+/// the last read in `<state>/fleet-roster.json` (sealed under the box's key) for a restart while
+/// the directory is away; and
 /// publishes phones enrolled here when `[fleet] publish` is on. Directory calls block, so they
 /// run on NIO's thread pool, never on the box's actor.
 struct FleetService: Service {
@@ -46,7 +47,7 @@ struct FleetService: Service {
 
     func run() async throws {
         do {
-            if let cached = try FleetRoster.load(path: cachePath) {
+            if let cached = try FleetRoster.load(path: cachePath, sealedBy: box.identity.keyPair.privateKey) {
                 await box.fleetCacheLoaded(cached)
                 logger.info("fleet: \(cached.phones.count) phone(s) from the cache of \(cached.readAt.formatted(.iso8601)) until the directory answers")
             }
@@ -88,10 +89,10 @@ struct FleetService: Service {
                 let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
                 await box.fleetRead(roster, requests: requests, seconds: seconds)
                 if phonesBefore != roster.phones.count {
-                    logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(skipped > 0 ? "; skipped \(skipped) value(s) that are not phone keys" : "")")
+                    logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(skipped > 0 ? "; skipped \(skipped) value(s): not phone keys, or past \(FleetRoster.maxValuesPerEntry) on one entry" : "")")
                     phonesBefore = roster.phones.count
                 }
-                do { try roster.save(path: cachePath) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
+                do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
                 do { try await serveCertificate() } catch {
                     logger.warning("fleet: cannot read the revocation list at \(directory.settings.revocationsDN): \(error)")
                 }
