@@ -6,7 +6,7 @@ import json
 import re
 import time
 
-from conftest import configure_box, figure, inside, journal, journal_cursor, wait_for
+from conftest import configure_box, figure, inside, journal, journal_cursor, read, wait_for
 
 
 def test_a_start_logs_nothing_at_notice_or_above():
@@ -20,8 +20,17 @@ def test_a_start_logs_nothing_at_notice_or_above():
     loud = inside("journalctl", "-u", "boxkeyd", "-p", "notice", "-o", "cat", "--no-pager", "--cursor", cursor, check=False).stdout
     # systemd's own start and stop lines are info; the simulated radio's warning is expected here.
     loud = [line for line in loud.splitlines() if line.strip() and "simulated" not in line]
+    assert inside("systemctl", "show", "-p", "LimitNICE", "boxkeyd").stdout.strip() == "LimitNICE=24"
+    # systemd raises the limit only with CAP_SYS_RESOURCE, which a container may not give it:
+    # there the runtime's one line per start stays, and only that.
+    pid = inside("systemctl", "show", "-p", "MainPID", "--value", "boxkeyd").stdout.strip()
+    limit = re.search(r"^Max nice priority\s+(\d+)", read(f"/proc/{pid}/limits"), re.M)
+    if limit and limit.group(1) != "24":
+        print(f"this machine's systemd could not raise RLIMIT_NICE (it is {limit.group(1)}): the priority line is allowed once")
+        priority = [line for line in loud if "Failed to set thread priority" in line]
+        assert len(priority) <= 1, priority
+        loud = [line for line in loud if line not in priority]
     assert not loud, loud
-    assert inside("systemctl", "show", "-p", "LimitNICE", "boxkeyd").stdout.strip() == "LimitNICE=20"
 
 
 def test_a_configuration_error_stops_the_unit_instead_of_restarting_it():
@@ -51,7 +60,7 @@ def test_the_simulated_radios_folder_is_made_only_when_asked_for():
     assert "boxkey-sim" in inside("systemctl", "show", "-p", "RuntimeDirectory", "boxkeyd").stdout
 
 
-def test_a_box_without_bluetooth_is_ready_at_once_and_can_be_administered():
+def test_a_box_without_bluetooth_is_ready_at_once_and_can_be_administered(box):
     """This root has bluez installed and no Bluetooth controller, as a thin client without a
     dongle. Before: every start blocked ~15 s (Type=notify waited while a D-Bus call activated
     org.bluez), status/phones/pair-code exited 69 while systemd said "running", doctor said
@@ -72,10 +81,12 @@ def test_a_box_without_bluetooth_is_ready_at_once_and_can_be_administered():
         chain = inside("systemd-analyze", "critical-chain", "--no-pager", "boxkeyd.service", check=False).stdout
         print(chain)
         assert show["ActiveState"] == "active" and starting <= 0.5, show
-        took = re.search(r"boxkeyd\.service\s+@\S+\s+\+(\d+(?:\.\d+)?)(ms|s)\b", chain)
+        took = re.search(r"boxkeyd\.service(?:\s+@\S+)?\s+\+(\d+(?:\.\d+)?)(ms|s)\b", chain)
         if took:  # systemd prints no +time when the unit took no time worth printing
             assert float(took.group(1)) / (1000 if took.group(2) == "ms" else 1) <= 0.5, chain
-        assert "waiting for Bluetooth" in show["StatusText"], show
+        # Ready first, then it looks for the radio and says what it waits for.
+        wait_for(lambda: "waiting for Bluetooth" in inside("systemctl", "show", "-p", "StatusText", "--value", "boxkeyd").stdout,
+                 timeout=5, what="the status line saying what boxkeyd waits for")
 
         # Administration works while the radio waits.
         status = json.loads(inside("boxkeyd", "status", "--json").stdout)

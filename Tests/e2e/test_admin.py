@@ -252,3 +252,19 @@ def test_doctor_tells_a_stopped_daemon_from_a_killed_one_and_warns_of_sudo_in_se
             os.unlink(path)
     out = world.admin("doctor").stdout
     assert "FAILED  boxkeyd: not running (no " in out and "systemctl enable --now boxkeyd" in out, out
+
+
+def test_doctor_as_another_user_says_what_it_could_not_check(world):
+    """Before: a user who only lacked permission got the advice for a stopped daemon."""
+    world.start_box()
+    path = os.path.join(world.work, "readable.conf")
+    with open(world.config()) as f, open(path, "w") as out:
+        out.write(f.read())
+    os.chmod(path, 0o644)
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}  # not the test's pam_wrapper, which wants root's files
+    r = subprocess.run([world.bins["boxkeyd"], "doctor", "--config", path], env=env, capture_output=True,
+                       text=True, timeout=30, preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    out = r.stdout
+    assert "warning permissions: not root: the daemon's socket and state cannot be checked" in out, out + r.stderr
+    assert "sudo boxkeyd doctor" in out
+    assert "boxkeyd: not running" not in out and "nobody answers" not in out, out

@@ -76,12 +76,16 @@ def published_adapters():
     return out.count("Controller ")
 
 
-def start_bluetoothd(config=None):
-    """bluetoothd as guest-init starts it (-n, $BLELAB_BTD_ARGS; -f: a main.conf of the test's),
-    then every adapter powered on: bluetoothd powers them off when it stops."""
+def launch_bluetoothd(config=None):
+    """bluetoothd as guest-init starts it (-n, $BLELAB_BTD_ARGS; -f: a main.conf of the test's)."""
     args = [BLUETOOTHD, "-n", *os.environ.get("BLELAB_BTD_ARGS", "").split(), *(["-f", config] if config else [])]
     subprocess.Popen(args, stdout=open(os.path.join(LAB_LOGS, "bluetoothd.log"), "a"), stderr=subprocess.STDOUT,
                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def start_bluetoothd(config=None):
+    """bluetoothd launched, then every adapter powered on: bluetoothd powers them off when it stops."""
+    launch_bluetoothd(config)
     count = len(adapters())
     wait_for(lambda: published_adapters() >= count, timeout=20, interval=0.3, what="bluetoothd to publish the adapters")
     for adapter in adapters():
@@ -118,15 +122,25 @@ def set_controllers(n):
     set (scripts/lab-test sets it to scripts/build-btvirt's, whose links keep their handles
     apart: stock 5.66 mixes up the links of a controller that holds two)."""
     stop_all("bluetoothd")
+    remove_controllers()
+    add_controllers(n)
+    start_bluetoothd()
+
+
+def remove_controllers():
+    """btvirt stopped: its controllers leave the kernel (a dongle pulled out)."""
     stop_all("btvirt")
-    wait_for(lambda: not adapters(), what="the old controllers to go")
+    wait_for(lambda: not adapters(), what="the controllers to go")
+
+
+def add_controllers(n):
+    """btvirt started with `n` controllers (a dongle plugged in)."""
     env = dict(os.environ)
     if os.environ.get("BLELAB_SHIM") != "0":
         env["LD_PRELOAD"] = os.path.join(CACHE, "btvirt-shim.so")
     subprocess.Popen([os.environ.get("BOXKEY_LAB_BTVIRT", "btvirt"), "-L", f"-l{n}"], env=env, stdout=open(os.path.join(LAB_LOGS, "btvirt.log"), "a"),
                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     wait_for(lambda: len(adapters()) == n, what=f"btvirt's {n} controllers")
-    start_bluetoothd()
 
 
 @contextlib.contextmanager
