@@ -21,7 +21,14 @@ def at_password_prompt(tty, user="alice"):
     tty.login_prompt()
     before = tty.count("Password:")
     tty.type(user + "\n")
-    return tty.wait_for_more("Password:", before)
+    try:
+        return tty.wait_for_more("Password:", before)
+    except AssertionError as e:
+        # What the console's programs were doing, and the last of the journal: the evidence
+        # for a prompt that did not come (once seen in a run, and not since).
+        ps = inside("ps", "-o", "pid,stat,wchan:24,etime,args", "-t", f"tty{tty.n}", check=False).stdout
+        log = inside("journalctl", "-n", "40", "-o", "short-monotonic", "--no-pager", check=False).stdout
+        raise AssertionError(f"{e}\n--- on tty{tty.n}:\n{ps}\n--- the journal:\n{log}") from None
 
 
 def shell(tty, user="alice", timeout=10.0):
