@@ -19,14 +19,22 @@ def advertising_since(world, before):
 
 
 def bluetooth_arrives(world, what):
-    """Runs `what` (Bluetooth coming), then times the box: from the adapter published on the
-    bus to the box advertising on it."""
+    """Runs `what` (Bluetooth coming: bluetoothd launched, or a controller added), then times
+    from its start: bluetoothd publishing an adapter, and the box advertising on it. Returns
+    (published_s, advertising_s)."""
     before = world.box_output().count("advertising box")
+    start = time.monotonic()
     what()
-    wait_for(lambda: published_adapters() >= 1, timeout=30, interval=0.05, what="bluetoothd to publish an adapter")
-    published = time.monotonic()
-    wait_for(lambda: advertising_since(world, before), timeout=30, interval=0.05, what="the box advertising")
-    return round(time.monotonic() - published, 2)
+    published = advertising = None
+    while published is None or advertising is None:
+        now = round(time.monotonic() - start, 2)
+        assert now < 30, f"after 30 s: published {published}, advertising {advertising}"
+        if advertising is None and advertising_since(world, before):
+            advertising = now
+        if published is None and published_adapters() >= 1:
+            published = now
+        time.sleep(0.05)
+    return published, advertising
 
 
 def waits_for_bluetooth(world, why):
@@ -48,18 +56,12 @@ def test_a_box_started_before_its_bluetooth_advertises_when_it_comes(world, miss
         waits_for_bluetooth(world, "bluetoothd is not running" if missing == "bluetoothd" else "no Bluetooth adapter")
         assert world.box_process.poll() is None
 
-        def comes():
-            if missing == "bluetoothd":
-                launch_bluetoothd()
-            else:
-                add_controllers(2)
-            for _ in range(50):  # what start_bluetoothd does: bluetoothd may publish them off
-                if published_adapters() >= 2:
-                    break
-                time.sleep(0.2)
-            for adapter in adapters():
-                btmgmt(adapter, "power", "on")
-        figures["published_to_advertising_s"] = bluetooth_arrives(world, comes)
+        # The box powers its own adapter on; the phone's (hci1) is powered as start_bluetoothd does.
+        comes = launch_bluetoothd if missing == "bluetoothd" else (lambda: add_controllers(2))
+        figures["published_s"], figures["advertising_s"] = bluetooth_arrives(world, comes)
+        wait_for(lambda: published_adapters() >= 2, timeout=30, interval=0.2, what="bluetoothd to publish both adapters")
+        for adapter in adapters():
+            btmgmt(adapter, "power", "on")
         world.pair_and_store()
         login(world)
 
@@ -79,4 +81,5 @@ def test_a_box_started_before_its_bluetooth_advertises_when_it_comes(world, miss
             world.stop_box()
             set_controllers(2)
     record_figures({f"box_started_before_{missing}": figures})
-    assert all(v <= 2.0 for v in figures.values()), figures
+    # Within 2 s of the adapter being there (published on the bus; polled, so an upper bound).
+    assert figures["advertising_s"] - figures["published_s"] <= 2.0, figures
