@@ -23,7 +23,7 @@ public enum BlueZWatch {
             defer { bus.close() }
             // Subscribed before the first look, so nothing that happens after it is missed.
             let owners = try await bus.signals(SignalMatch(sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged"))
-            let added = try await bus.signals(SignalMatch(interface: "org.freedesktop.DBus.ObjectManager", member: "InterfacesAdded"))
+            let added = try await bus.signals(SignalMatch(sender: BlueZ.service, interface: "org.freedesktop.DBus.ObjectManager", member: "InterfacesAdded"))
             let (wake, wakeUp) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
             return try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {

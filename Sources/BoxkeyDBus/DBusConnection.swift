@@ -52,6 +52,11 @@ public final class DBusConnection: @unchecked Sendable {
         var objects: [String: MethodHandler] = [:]
         var nextSubscription: UInt64 = 0
         var closed = false
+        /// The unique name owning each well-known sender a subscription names ("" for none),
+        /// kept from GetNameOwner and the bus's NameOwnerChanged; `ownerChanges` counts the
+        /// changes seen, so a GetNameOwner reply older than a change does not undo it.
+        var owners: [String: String] = [:]
+        var ownerChanges: [String: Int] = [:]
     }
 
     /// The connection's unique name on the bus (":1.42").
@@ -160,11 +165,12 @@ public final class DBusConnection: @unchecked Sendable {
         return reply.arguments
     }
 
-    /// Sends a signal.
-    public func emit(_ path: String, _ interface: String, _ member: String, _ arguments: [DBusValue]) {
+    /// Sends a signal: broadcast, or to one connection (`destination`).
+    public func emit(_ path: String, _ interface: String, _ member: String, _ arguments: [DBusValue], to destination: String? = nil) {
         enqueue { connection in
             guard let message = dbus_message_new_signal(path, interface, member) else { return }
             defer { dbus_message_unref(message) }
+            if let destination { dbus_message_set_destination(message, destination) }
             if Self.appendArguments(arguments, to: message) { dbus_connection_send(connection, message, nil) }
         }
     }
@@ -174,6 +180,7 @@ public final class DBusConnection: @unchecked Sendable {
     /// Signals matching `match`, from now on, in order. The match rule is on the bus before
     /// this returns, so nothing sent after it is missed.
     public func signals(_ match: SignalMatch) async throws -> AsyncStream<DBusMessage> {
+        if let name = match.senderNeedsOwner { try await followOwner(of: name) }
         let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(bufferingPolicy: .unbounded)
         let rule = match.rule
         let needsRule = state.withLockedValue { s -> Bool in
@@ -205,6 +212,33 @@ public final class DBusConnection: @unchecked Sendable {
             if drop { self.send("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "RemoveMatch", [.string(rule)]) }
         }
         return stream
+    }
+
+    /// Keeps the owner of `name` known (for `SignalMatch.matches`): the bus's NameOwnerChanged
+    /// for it, then GetNameOwner. Signals from a well-known name are taken only from its owner:
+    /// any local client may address a signal to our connection, claiming to be bluetoothd or
+    /// logind by its content (GLib had the same hole, CVE-2024-34397).
+    private func followOwner(of name: String) async throws {
+        // Followed from here on: a change the bus reports from now is recorded by the filter.
+        let changes = state.withLockedValue { s -> Int? in
+            guard s.owners[name] == nil else { return nil }
+            let seen = s.ownerChanges[name] ?? 0
+            s.ownerChanges[name] = seen
+            return seen
+        }
+        guard let changes else { return }
+        let rule = "type='signal',sender='\(SignalMatch.busName)',interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='\(name)'"
+        _ = try await call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "AddMatch", [.string(rule)])
+        let owner: String
+        do {
+            owner = try await call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner", [.string(name)]).first?.string ?? ""
+        } catch let e as BusError where e.name == "org.freedesktop.DBus.Error.NameHasNoOwner" {
+            owner = ""
+        }
+        state.withLockedValue { s in
+            // A change seen meanwhile (on this connection's thread) is newer than the reply.
+            if s.ownerChanges[name, default: 0] == changes { s.owners[name] = owner } else if s.owners[name] == nil { s.owners[name] = "" }
+        }
     }
 
     /// A method call whose reply nobody waits for.
@@ -352,7 +386,14 @@ public final class DBusConnection: @unchecked Sendable {
             pending.continuation.resume()
             return DBUS_HANDLER_RESULT_HANDLED
         case .signal:
-            let subscribers = state.withLockedValue { $0.subscriptions.values.filter { $0.match.matches(message) } }
+            let subscribers = state.withLockedValue { s -> [Subscription] in
+                if message.sender == SignalMatch.busName, message.interface == "org.freedesktop.DBus", message.member == "NameOwnerChanged",
+                   let name = message.arguments.first?.string, s.ownerChanges[name] != nil {
+                    s.owners[name] = message.arguments.count > 2 ? message.arguments[2].string ?? "" : ""
+                    s.ownerChanges[name, default: 0] += 1
+                }
+                return s.subscriptions.values.filter { $0.match.matches(message, owner: $0.match.senderNeedsOwner.flatMap { s.owners[$0] }) }
+            }
             for s in subscribers { s.continuation.yield(message) }
             return DBUS_HANDLER_RESULT_NOT_YET_HANDLED
         case .methodCall:

@@ -79,8 +79,9 @@ public struct SignalMatch: Sendable, Hashable {
         self.member = member
     }
 
-    /// The bus's match rule (AddMatch). The bus resolves a well-known sender name to its owner;
-    /// locally only a unique sender name can be compared.
+    /// The bus's match rule (AddMatch). It only selects what the bus broadcasts to us: a signal
+    /// another client addresses to our connection arrives whatever the rule says, with that
+    /// client's unique name as sender, which the bus stamps and no client can forge.
     var rule: String {
         var parts = ["type='signal'"]
         if let sender { parts.append("sender='\(sender)'") }
@@ -91,9 +92,27 @@ public struct SignalMatch: Sendable, Hashable {
         return parts.joined(separator: ",")
     }
 
-    func matches(_ m: DBusMessage) -> Bool {
+    /// The bus's own name: its signals (NameOwnerChanged) carry it as sender.
+    static let busName = "org.freedesktop.DBus"
+
+    /// Whether `sender` is a well-known name whose owner must be known to match (not a unique
+    /// name, not the bus).
+    var senderNeedsOwner: String? {
+        guard let sender, !sender.hasPrefix(":"), sender != Self.busName else { return nil }
+        return sender
+    }
+
+    /// `owner`: the unique name that owns `sender` now, when it is a well-known name. A signal
+    /// from anyone else — another local client addressing it to us — does not match.
+    func matches(_ m: DBusMessage, owner: String? = nil) -> Bool {
         guard m.kind == .signal else { return false }
-        if let sender, sender.hasPrefix(":"), m.sender != sender { return false }
+        if let sender {
+            if sender.hasPrefix(":") || sender == Self.busName {
+                guard m.sender == sender else { return false }
+            } else {
+                guard let owner, !owner.isEmpty, m.sender == owner else { return false }
+            }
+        }
         if let path, m.path != path { return false }
         if let ns = pathNamespace, ns != "/", let p = m.path, p != ns, !p.hasPrefix(ns + "/") { return false }
         if let interface, m.interface != interface { return false }

@@ -54,7 +54,9 @@ import Testing
                 try await BlueZPeripheral(adapter: "hci0", bus: bus.bus)
             }
         }
-        try await Task.sleep(for: .seconds(1))
+        for _ in 0..<200 where await !said.all.contains(where: { $0.contains("bluetoothd is not running") }) {
+            try await Task.sleep(for: .milliseconds(50))
+        }
         #expect(await said.all.contains { $0.contains("bluetoothd is not running") })
         let launched = ContinuousClock.now
         let world = try await BluezooWorld(on: bus)

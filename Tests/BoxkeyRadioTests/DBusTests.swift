@@ -76,6 +76,44 @@ import Testing
         #expect(introspection.first?.string?.contains("<node name=\"thing\"/>") == true)
     }
 
+    /// Any local client may address a signal to our connection, and the bus delivers it
+    /// whatever our match rules say. One that names a well-known sender (bluetoothd, logind)
+    /// or the bus itself is taken only from that name's owner: a forged Connected=false or
+    /// NameOwnerChanged would otherwise walk a phone away and lock alice's session.
+    @Test func aSignalFromAnyoneButTheNamesOwnerIsNotTaken() async throws {
+        let bus = try PrivateBus()
+        defer { bus.close() }
+        let real = try DBusConnection(bus.bus), victim = try DBusConnection(bus.bus), forger = try DBusConnection(bus.bus)
+        defer { victim.close(); forger.close(); real.close() }
+        try await real.requestName("org.boxkey.Real")
+        let fromReal = try await victim.signals(SignalMatch(sender: "org.boxkey.Real", interface: Self.echoInterface, member: "Changed"))
+        let fromBus = try await victim.signals(SignalMatch(sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged"))
+
+        forger.emit("/test", Self.echoInterface, "Changed", [.string("forged")], to: victim.uniqueName)
+        forger.emit("/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
+                    [.string("org.boxkey.Real"), .string(real.uniqueName), .string(forger.uniqueName)], to: victim.uniqueName)
+        forger.emit("/test", Self.echoInterface, "Changed", [.string("forged after claiming the name")], to: victim.uniqueName)
+        // A round trip: the bus has passed the forger's signals on before this returns.
+        _ = try await forger.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetId")
+        real.emit("/test", Self.echoInterface, "Changed", [.string("real")])
+
+        var changes = fromReal.makeAsyncIterator()
+        let first = await changes.next()
+        #expect(first?.arguments.first?.string == "real" && first?.sender == real.uniqueName, "\(String(describing: first))")
+
+        // The real owner lets the name go: the bus's NameOwnerChanged is taken, the forged one
+        // was not.
+        _ = try await real.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "ReleaseName", [.string("org.boxkey.Real")])
+        var owners = fromBus.makeAsyncIterator()
+        while let change = await owners.next() {
+            #expect(change.sender == "org.freedesktop.DBus", "a forged NameOwnerChanged from \(change.sender ?? "?")")
+            if change.arguments.first?.string == "org.boxkey.Real" {
+                #expect(change.arguments.count > 2 && change.arguments[2].string == "")
+                break
+            }
+        }
+    }
+
     @Test func errorsCarryTheirNames() async throws {
         let bus = try PrivateBus()
         defer { bus.close() }
