@@ -160,6 +160,20 @@ public enum Daemon {
                 logger.notice("no Bluetooth adapter yet: choosing a box ID without hearing which are taken nearby (set [box] id to choose one)")
                 return nil
             }
+            // An adapter that is there but cannot be opened (blocked by rfkill, which the seat's
+            // user may do) must not keep the sockets away: a few seconds, then no radio yet.
+            let opened = await withTaskGroup(of: BoxRadio?.self) { group in
+                group.addTask { try? await openRadio(config, logger: logger, box: nil) }
+                group.addTask { try? await Task.sleep(for: .seconds(5)); return nil }
+                let first = await group.next() ?? nil
+                group.cancelAll()
+                for await late in group { late?.shutdown() }  // opened just as the time ran out
+                return first
+            }
+            if opened == nil {
+                logger.notice("the Bluetooth adapter did not open within 5 s: choosing a box ID without hearing which are taken nearby (set [box] id to choose one)")
+            }
+            return opened
         }
         return try await openRadio(config, logger: logger, box: nil)
     }
