@@ -259,11 +259,15 @@ public enum BoxDoctor {
         // The same rule the daemon applies before it believes a file (PrivateFiles.readOwn); as
         // root only, as the daemon runs.
         guard geteuid() == 0 else { return report }
-        for (name, secret) in [("identity", true), ("phones.json", false), ("escrow.json", true), ("fleet-roster.json", false)] {
+        for (name, secret) in [("identity", true), ("phones.json", false), ("escrow.json", true)] {
             let file = "\(path)/\(name)"
             do { _ = try PrivateFiles.readOwn(file, secret: secret) } catch {
                 report.fail("state \(name)", "\(error)", do: "fix it as said, or restore the file from a backup of the box's own; boxkeyd will not start (exit 78) until then")
             }
+        }
+        // The fleet's cache is only a cache: one the box may not believe is left unused.
+        do { _ = try PrivateFiles.readOwn("\(path)/fleet-roster.json") } catch {
+            report.warn("state fleet-roster.json", "\(error)", do: "boxkeyd does not use it; the next read of the directory replaces it (or delete it)")
         }
         return report
     }

@@ -182,9 +182,10 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
 
 
 def test_a_cache_this_box_did_not_seal_vouches_for_nobody(world, directory):
-    """Attack: the box restarts while the directory is down and finds a roster cache with the
-    right owner and mode that lists another phone for alice: this box's cache with the key
-    swapped in, or a cache sealed by another box. Neither is used; the phone is not enrolled."""
+    """Attack: the box restarts while the directory is down and finds a roster cache that lists
+    another phone for alice: this box's cache with the key swapped in, a cache sealed by another
+    box (both root's and 0600), or one at 0666 that any account could have written. None is
+    used; the phone is not enrolled, and the password prompt works."""
     use_fleet(world, directory, max_stale_s=3600)
     assert admin_fleet(world, directory, "enrol", "ab" * 32, "--user", "alice", "--name", "alice's own").returncode == 0
     world.start_box()
@@ -203,13 +204,17 @@ def test_a_cache_this_box_did_not_seal_vouches_for_nobody(world, directory):
         fd = os.open(cache_path(world), os.O_WRONLY | os.O_TRUNC)
         with os.fdopen(fd, "w") as f:
             f.write(seal_line + "\n" + edited)
-    for how, write in (("this box's cache, edited", edit_in_place),
-                       ("another box's cache", lambda: write_cache(world, roster, private_key=os.urandom(32)))):
+    def writable_by_others():
+        edit_in_place()
+        os.chmod(cache_path(world), 0o666)
+    for how, write, says in (("this box's cache, edited", edit_in_place, "was not written by this box"),
+                             ("another box's cache", lambda: write_cache(world, roster, private_key=os.urandom(32)),
+                              "was not written by this box"),
+                             ("a cache others could write (0666)", writable_by_others, "others may write it, so it is not used")):
         write()
-        assert oct(os.stat(cache_path(world)).st_mode & 0o777) == "0o600"
-        refusals = world.box_output().count("was not written by this box")
+        refusals = world.box_output().count(says)
         world.start_box()
-        wait_for(lambda: world.box_output().count("was not written by this box") > refusals, what=f"the box refusing {how}")
+        wait_for(lambda: world.box_output().count(says) > refusals, what=f"the box refusing {how}")
         assert "from the cache" not in world.box_output(), how
         r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
         assert r.returncode != 0 and "not enrolled" in r.stderr, (how, r.stdout + r.stderr)
