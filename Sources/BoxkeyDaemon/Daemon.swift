@@ -267,6 +267,8 @@ struct ReloadService: Service {
         // A SIGHUP while the daemon waited for Bluetooth was ignored: read the file once now,
         // and say so only if that changed something.
         if let reloaded = try? load() {
+            let before = await box.config
+            logger.debug("start-up re-read: running \(before.phoneLoginServices.sorted()) file \(reloaded.phoneLoginServices.sorted())")
             let (changed, _) = await box.reload(reloaded)
             if !changed.isEmpty { logger.notice("reloaded the configuration: it changed while the daemon started: \(changed.joined(separator: ", "))") }
         }

@@ -394,12 +394,21 @@ class World:
 
     # --- box -------------------------------------------------------------------------------
     def config(self):
+        """The settings as boxkeyd.conf, written whole (a new file renamed over the old, as
+        editors and config management do): the running box may read it at any moment (its
+        start-up check, a reload), and must never see half a file."""
         path = os.path.join(self.work, "boxkeyd.conf")
-        with open(path, "w") as f:
-            for section, values in self.settings.items():
-                f.write(f"[{section}]\n")
-                f.writelines(f"{key} = {toml_value(value)}\n" for key, value in values.items())
-            f.write(self.config_extra)
+        text = "".join(f"[{section}]\n" + "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
+                       for section, values in self.settings.items()) + self.config_extra
+        try:
+            with open(path) as f:
+                if f.read() == text:
+                    return path
+        except OSError:
+            pass
+        with open(path + ".new", "w") as f:
+            f.write(text)
+        os.rename(path + ".new", path)
         return path
 
     def start_box(self, expect_ready=True):

@@ -383,7 +383,8 @@ def test_sighup_reloads_what_it_can_and_keeps_the_rest(world):
     world.settings["pam"]["services"] = ["boxkey-test"]
     world.config()
     os.kill(pid, signal.SIGHUP)
-    wait_for(lambda: world.box_output().count("reloaded the configuration") == 2, what="the second reload")
+    wait_for(lambda: world.box_output().count("reloaded the configuration: changed") == 2,
+             what=lambda: "the second reload; the box said:\n" + world.box_output()[-2500:])
     prompt = world.greeter()
     assert world.phone("login", "--no-stay").returncode == 0
     assert world.finish(prompt)[0] == 0
