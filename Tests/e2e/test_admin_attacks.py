@@ -18,18 +18,11 @@ import pytest
 
 from conftest import ROOT, USERS, wait_for
 from simattacker import Key, Link
-from slapd import PEOPLE, Slapd
-from test_fleet import admin_fleet, phone_key, phone_login, use_fleet
+from slapd import PEOPLE
+from test_fleet import admin_fleet, directory, phone_key, phone_login, use_fleet  # noqa: F401 (directory: a fixture)
 from test_login_modes import key_stack
 
 NOBODY = 65534
-
-
-@pytest.fixture
-def directory(world):
-    d = Slapd(world.work).start()
-    yield d
-    d.stop()
 
 
 @pytest.fixture(scope="module")

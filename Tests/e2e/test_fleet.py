@@ -60,6 +60,15 @@ def write_cache(world, roster, private_key=None):
         f.write(b"boxkey-fleet-cache 1 " + seal(contents, private_key).encode() + b"\n" + contents)
 
 
+def start_with_one_fleet_phone_and_alices_phone_paired(world):
+    """Box 4821 started, its first read of the directory done (one phone), and the World's
+    phone paired with it and holding alice's password."""
+    world.start_box()
+    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's first read")
+    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+
+
 def become(world, box_id):
     """Points the World at another box (its own state, socket and log) for what follows; the
     box running before keeps running."""
@@ -145,10 +154,7 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     assert admin_fleet(world, directory, "enrol", key, "--user", "alice", "--name", "alice's phone").returncode == 0
     r = admin_fleet(world, directory, "phones", "alice")
     assert r.returncode == 0 and key in r.stdout, r.stdout + r.stderr
-    world.start_box()
-    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's first read")
-    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
-    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    start_with_one_fleet_phone_and_alices_phone_paired(world)
 
     # Directory down, box restarted: it works from its cache (read seconds ago).
     directory.stop()
@@ -188,10 +194,7 @@ def test_a_cache_this_box_did_not_seal_vouches_for_nobody(world, directory):
     used; the phone is not enrolled, and the password prompt works."""
     use_fleet(world, directory, max_stale_s=3600)
     assert admin_fleet(world, directory, "enrol", "ab" * 32, "--user", "alice", "--name", "alice's own").returncode == 0
-    world.start_box()
-    wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), what="the box's first read")
-    assert world.phone("pair", "4821", "--box-key", world.box_key()).returncode == 0
-    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    start_with_one_fleet_phone_and_alices_phone_paired(world)
     world.stop_box()
     directory.stop()
     with open(cache_path(world)) as f:
