@@ -275,8 +275,7 @@ public func blueZAdapterPresent(named wanted: String? = nil, bus: DBusConnection
     guard let connection = try? DBusConnection(bus) else { return false }
     defer { connection.close() }
     // Asked of the bus first: a call to org.bluez with no owner would start bluetoothd.
-    guard (try? await connection.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
-                                      [.string(BlueZ.service)], timeout: .seconds(2)).first?.bool) == true else { return false }
+    guard (try? await connection.nameHasOwner(BlueZ.service, timeout: .seconds(2))) == true else { return false }
     guard let reply = try? await connection.call(BlueZ.service, "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects", timeout: .seconds(2)) else {
         return false
     }

@@ -40,8 +40,7 @@ public enum BlueZWatch {
                 var wakes = wake.makeAsyncIterator()
                 while true {
                     try Task.checkCancellation()
-                    let owned = try? await bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
-                                                    [.string(BlueZ.service)], timeout: .seconds(5)).first?.bool
+                    let owned = try? await bus.nameHasOwner(BlueZ.service)
                     if owned == true {
                         do { return try await open() } catch RadioError.unavailable(let why) { waiting(why) }
                     } else {

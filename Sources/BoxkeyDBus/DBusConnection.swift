@@ -263,6 +263,13 @@ public final class DBusConnection: @unchecked Sendable {
         _ = state.withLockedValue { $0.objects.removeValue(forKey: path) }
     }
 
+    /// Whether someone owns `name` now. Asked of the bus: a call to the name itself would
+    /// D-Bus-activate its service (bluetoothd) when nobody does.
+    public func nameHasOwner(_ name: String, timeout: Duration = .seconds(5)) async throws -> Bool {
+        try await call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
+                       [.string(name)], timeout: timeout).first?.bool == true
+    }
+
     /// Asks the bus for a well-known name; fails if someone else has it.
     public func requestName(_ name: String) async throws {
         let reply = try await call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "RequestName",

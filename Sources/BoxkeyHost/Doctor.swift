@@ -74,8 +74,7 @@ public enum RadioDoctor {
         report.ok("system bus", "connected")
         // Asked of the bus first: a call to org.bluez with no owner would start bluetoothd, and
         // each case below wants its own advice.
-        let owned = try? await bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
-                                        [.string("org.bluez")], timeout: .seconds(3)).first?.bool
+        let owned = try? await bus.nameHasOwner("org.bluez", timeout: .seconds(3))
         if owned != true {
             let files = FileManager.default
             if !machine.bluetoothd.contains(where: { files.fileExists(atPath: $0) }) {
