@@ -22,6 +22,19 @@ struct LoadResult: Codable {
 }
 
 /// One phone's `rounds` logins, one after another; each is timed from the search to the answer.
+/// The box's answer to a push: the "waiting for Enter" notice the box sends while the push is
+/// held at the prompt comes first, and is passed over, as `boxkey login` does.
+func loginResult(on link: BoxLink, timeout: Duration) async throws -> LoginResult {
+    let deadline = ContinuousClock.now + timeout
+    while true {
+        switch try await link.next(timeout: deadline - ContinuousClock.now) {
+        case .loginResult(let r): return r
+        case .awaitingEnter, .keepalive: continue
+        case let other: throw BenchError("expected the login's result, got \(other)")
+        }
+    }
+}
+
 func phoneLogins(index: Int, identity: PhoneIdentity, boxKey: PublicKey, radio: any CentralRadio, rounds: Int) async -> LoadResult {
     var result = LoadResult()
     let clock = ContinuousClock()
@@ -32,7 +45,7 @@ func phoneLogins(index: Int, identity: PhoneIdentity, boxKey: PublicKey, radio: 
             let link = try await BoxLink.open(to: heard, boxKey: boxKey, identity: identity, radio: radio)
             do {
                 try await link.send(.credentialPush(CredentialPush(user: "load\(index)", password: SecureBytes(utf8: password), deviceName: "load \(index)")))
-                guard case .loginResult(let r) = try await link.next(timeout: .seconds(15)) else { throw BenchError("no login result") }
+                let r = try await loginResult(on: link, timeout: .seconds(15))
                 guard r.outcome == .accepted else { throw BenchError("\(r.outcome): \(r.reason)") }
                 result.milliseconds.append(milliseconds(clock.now - start))
                 // As `boxkey login --no-stay`: no walk-away, the session stays as it is.
@@ -59,10 +72,13 @@ func loadIdentities(_ count: Int) -> [PhoneIdentity] {
 
 /// A person at prompt `prompt` who presses Enter as soon as a push waits there (every 5 ms
 /// until one does, or `stop`).
+/// Without `stop` it gives up after 30 s: a login that failed must fail the bench, not hang it.
 func pressEnter(_ box: Box, _ prompt: UInt64, until stop: NIOLockedValueBox<Bool>? = nil) async -> PromptAnswer {
+    let giveUp = ContinuousClock.now + .seconds(30)
     while true {
         let answer = await box.take(prompt, wait: .seconds(10))
-        guard case .noPush(let why) = answer, why == .nothingYet || why == .timedOut, stop?.withLockedValue({ $0 }) != true else { return answer }
+        let goOn = stop.map { !$0.withLockedValue { $0 } } ?? (ContinuousClock.now < giveUp)
+        guard case .noPush(let why) = answer, why == .nothingYet || why == .timedOut, goOn else { return answer }
         try? await Task.sleep(for: .milliseconds(5))
     }
 }
@@ -159,10 +175,11 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0, fast
         $0.rejectedPushesPerUser = 1_000_000
         if fast { $0.advertisingInterval = .milliseconds(20) }
     })
-    try await bench.start()
+    // Only the load's phones, for its users (the bench's own user is not one of them).
+    try await bench.start(ownPhone: false)
     defer { bench.stop() }
     for (i, identity) in loadIdentities(phones).enumerated() {
-        _ = await bench.box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: "load\(i)", name: "load \(i)")
+        try await bench.enrol(key: hex(identity.keyPair.publicKey.bytes), user: "load\(i)", name: "load \(i)")
     }
     let stop = NIOLockedValueBox(false)
     let counter = NIOLockedValueBox(0)

@@ -102,6 +102,8 @@ final class BoxUnderTest: @unchecked Sendable {
         var config = DaemonConfig()
         config.stateDirectory = state
         config.grace = .zero
+        // The bench logs in as whoever runs it: root in CI, which a box refuses by default.
+        config.enrolRoot = true
         configure(&config)
         let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
         var logger = Logger(label: "bench")
@@ -115,10 +117,11 @@ final class BoxUnderTest: @unchecked Sendable {
                                clock: MonotonicClock(), logger: logger)
     }
 
-    func start() async throws {
+    /// Starts the box; `ownPhone`: with the bench's own phone enrolled for the bench's user.
+    func start(ownPhone: Bool = true) async throws {
         let service = service
         let presence = presence
-        _ = await box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: user, name: "bench")
+        if ownPhone { try await enrol(key: hex(identity.keyPair.publicKey.bytes), user: user, name: "bench") }
         task = Task {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await service.run() }
@@ -127,6 +130,12 @@ final class BoxUnderTest: @unchecked Sendable {
             }
         }
         try await Task.sleep(for: .milliseconds(200))
+    }
+
+    /// Enrols a phone as an admin would; a refusal stops the bench with the box's reason.
+    func enrol(key: String, user: String, name: String) async throws {
+        let reply = await box.enrolPhone(key: key, user: user, name: name)
+        guard case .text = reply else { throw BenchError("could not enrol \(name) for \(user): \(reply)") }
     }
 
     func stop() {
@@ -150,7 +159,7 @@ final class BoxUnderTest: @unchecked Sendable {
         }
         lastPhone = central.address
         let key = box.identity.keyPair.publicKey
-        guard let prompt = await box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 10_000),
+        guard let prompt = await box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: user, timeoutMilliseconds: 10_000),
                                                     peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
         guard let heard = try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)) else { throw BenchError("box not heard") }
         let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
@@ -159,7 +168,8 @@ final class BoxUnderTest: @unchecked Sendable {
         guard case .push(_, _, let ticket) = await reply else { throw BenchError("the push did not arrive") }
         lastTicket = ticket
         await box.report(prompt, .accepted, reason: "")
-        guard case .loginResult(let r) = try await link.next(timeout: .seconds(5)), r.outcome == .accepted else { throw BenchError("not accepted") }
+        let r = try await loginResult(on: link, timeout: .seconds(5))
+        guard r.outcome == .accepted else { throw BenchError("not accepted: \(r.outcome) \(r.reason)") }
         let stats = link.airStatistics ?? (0, 0, 0)
         if !keep { await link.close() }
         return (stats, link)
@@ -460,11 +470,11 @@ func loginWallTime(boxkey: String) async throws {
     try run(["pin", "set"], input: pin)
     let status = try run(["status", "--json"]).out
     guard let key = (try? JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any])?["phoneKey"] as? String else { throw BenchError("no phone key: \(status)") }
-    _ = await bench.box.enrolPhone(key: key, user: user, name: "bench phone")
+    try await bench.enrol(key: key, user: user, name: "bench phone")
 
     /// One login at a prompt the bench plays (accepted); wall and radio seconds.
     func login(_ arguments: [String], input: String) async throws -> (wall: Double, radio: Double) {
-        guard let prompt = await bench.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 20_000),
+        guard let prompt = await bench.box.registerPrompt(.init(service: "login", tty: "tty1", display: "", expectedUser: user, timeoutMilliseconds: 20_000),
                                                           peer: PAMPeer(pid: getpid(), uid: 0)).id else { throw BenchError("prompt not offered") }
         let box = bench.box
         async let answered: Void = { if case .push = await pressEnter(box, prompt) { await box.report(prompt, .accepted, reason: "") } }()
