@@ -1163,7 +1163,7 @@ public actor Box {
                 // Lock is harmless: when unsure which session, lock all of the users' local ones.
                 outcome = await lock(targets, orAllOf: users, phone: phone, reason: "phone asked", walkAway: false)
                 if outcome == .done { lockedUsers.formUnion(users) }
-                endPresence(of: phone)
+                endPresence(of: phone, except: id)
             case .logout:
                 if targets.isEmpty {
                     audit.audit(.notice, .pushRefused, "refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))", phone: phone.fingerprint)
@@ -1171,7 +1171,7 @@ public actor Box {
                     outcome = await run("logout", targets, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
                     if outcome == .done { for s in targets { registered.close(s.id) } }
                 }
-                endPresence(of: phone)
+                endPresence(of: phone, except: id)
             case .attach:
                 // Attach only restores walk-away protection; it unlocks nothing. A session on
                 // record, or (after a daemon restart forgot them) a local one logind lists.
@@ -1204,10 +1204,12 @@ public actor Box {
     }
 
     /// After an explicit lock or logout the phone's presence links have nothing left to guard.
-    private func endPresence(of phone: PublicKey) {
+    /// The phone's presence ends (no walk-away follows). Its links are dropped, except `asker`:
+    /// a lock asked for over the presence link itself is answered on it (the phone closes it).
+    private func endPresence(of phone: PublicKey, except asker: CentralID) {
         for (id, p) in presences where p.phone == phone {
             presences[id] = nil
-            drop(id)
+            if id != asker { drop(id) }
         }
         graces[phone] = nil
     }

@@ -9,12 +9,18 @@ public final class AgentClient {
     private var fd: Int32
 
     /// Connects to this user's agent, or returns nil when none is running.
-    public init?(_ dirs: PhoneDirectories) {
+    public convenience init?(_ dirs: PhoneDirectories) {
+        self.init(path: dirs.agentSocket)
+    }
+
+    /// Connects to the socket at `path` (the agent's, or a presence link's holder), or returns
+    /// nil when nobody of this user serves on it.
+    public init?(path: String) {
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return nil }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(dirs.agentSocket.utf8)
+        let bytes = Array(path.utf8)
         guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { Glibc.close(fd); return nil }
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
         let rc = withUnsafePointer(to: &address) {

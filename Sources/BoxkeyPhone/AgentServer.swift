@@ -35,35 +35,21 @@ public struct AgentServer: Sendable {
     /// Serves until `stop` is asked for or the task is cancelled. `ready` runs once the socket
     /// takes connections.
     public func run(ready: @Sendable () -> Void = {}) async throws {
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(AgentFrameReader())
-                }
-            }
-            // Replacing a socket file is safe: the caller holds `AgentInstance`, so none of
-            // this user's agents serves on it (it is a crashed one's).
-            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
-                channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<DecodedRequest, ByteBuffer>(wrappingChannelSynchronously: channel) }
-            }
-        chmod(path, 0o600)
-        let bound = SocketFile(path)
+        // Replacing a socket file is safe: the caller holds `AgentInstance`, so none of this
+        // user's agents serves on it (it is a crashed one's).
+        let socket = try await UserSocket.bind(path, log: log)
         // The suspend watch is in place before the agent says it is ready: a suspend right
         // after `boxkey agent start` returns must not be missed.
         let sleepSignals = await subscribeToSleep()
         log("agent listening on \(path)")
         ready()
-        // Only our own socket: after the directory was replaced, the path may be another's.
-        defer { if SocketFile(path) == bound { unlink(path) } }
+        defer { socket.unlinkIfOurs() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
-                try await server.executeThenClose { inbound in
-                    try await withThrowingDiscardingTaskGroup { connections in
-                        for try await connection in inbound {
-                            connections.addTask { await serve(connection) }
-                        }
-                    }
-                }
+                try await socket.serve({ request, reply in await agent.handle(request, reply: reply) }, answered: { request in
+                    // The answer to `stop` is out: now the agent may end.
+                    if case .stop = request { stops.continuation.yield() }
+                })
             }
             group.addTask {
                 while !Task.isCancelled {
@@ -74,7 +60,7 @@ public struct AgentServer: Sendable {
                     // Removed or replaced (logind removes the runtime directory when the
                     // user's last session ends): nothing can reach this agent any more, so it
                     // must not go on holding credentials.
-                    if bound != nil, SocketFile(path) != bound {
+                    if !socket.isStillOurs {
                         log("the agent's socket \(path) was removed or replaced; stopping")
                         await stop()
                     }
@@ -98,45 +84,6 @@ public struct AgentServer: Sendable {
             // The stop task ends on `stop`; everything else goes with it.
             _ = try await group.next()
             group.cancelAll()
-        }
-    }
-
-    private func serve(_ connection: NIOAsyncChannel<DecodedRequest, ByteBuffer>) async {
-        guard let provider = connection.channel as? SocketOptionProvider,
-              let peer: boxkey_ucred = try? await provider.unsafeGetSocketOption(
-                level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get(),
-              peer.uid == getuid() else {
-            log("refused a connection from another user")
-            try? await connection.executeThenClose { _, _ in }
-            return
-        }
-        try? await connection.executeThenClose { inbound, outbound in
-            var iterator = inbound.makeAsyncIterator()
-            guard let decoded = try await iterator.next() else { return }
-            var stopping = false
-            let (replies, continuation) = AsyncStream.makeStream(of: AgentReply.self)
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                switch decoded {
-                case .failure(let error):
-                    continuation.yield(.result(.failure, message: "malformed request: \(error)", details: ""))
-                    continuation.finish()
-                case .success(let request):
-                    if case .stop = request { stopping = true }
-                    group.addTask {
-                        await agent.handle(request) { reply in
-                            continuation.yield(reply)
-                            if case .progress = reply { return }
-                            continuation.finish()
-                        }
-                    }
-                }
-                for await reply in replies {
-                    try await outbound.write(ByteBuffer(bytes: reply.frame()))
-                }
-                try await group.waitForAll()
-            }
-            // The answer to `stop` is out: now the agent may end.
-            if stopping { stops.continuation.yield() }
         }
     }
 
@@ -187,6 +134,93 @@ public struct AgentServer: Sendable {
 }
 
 typealias DecodedRequest = Result<AgentRequest, AgentWire.DecodeError>
+
+/// A socket of this user's in the phone's runtime directory (the agent's, and the presence
+/// link's of a `boxkey login` in the foreground): 0600, and every connection's peer must be
+/// this user (SO_PEERCRED). One `AgentWire` request per connection, then its replies until a
+/// `result`.
+struct UserSocket: Sendable {
+    let path: String
+    let log: @Sendable (String) -> Void
+    private let server: NIOAsyncChannel<NIOAsyncChannel<DecodedRequest, ByteBuffer>, Never>
+    private let bound: SocketFile?
+
+    /// Binds `path`, replacing a socket file left there.
+    static func bind(_ path: String, log: @escaping @Sendable (String) -> Void) async throws -> UserSocket {
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AgentFrameReader())
+                }
+            }
+            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
+                channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<DecodedRequest, ByteBuffer>(wrappingChannelSynchronously: channel) }
+            }
+        chmod(path, 0o600)
+        return UserSocket(path: path, log: log, server: server, bound: SocketFile(path))
+    }
+
+    /// Whether `path` still names the socket bound here (logind removes the runtime directory
+    /// when the user's last session ends; another process may bind the path anew).
+    var isStillOurs: Bool { bound == nil || SocketFile(path) == bound }
+
+    /// Removes the socket file, only if it is still ours: after the directory was replaced,
+    /// the path may be another's.
+    func unlinkIfOurs() {
+        if bound != nil, SocketFile(path) == bound { unlink(path) }
+    }
+
+    typealias Handler = @Sendable (AgentRequest, @escaping @Sendable (AgentReply) -> Void) async -> Void
+
+    /// Serves until cancelled: `handle` gets each request and a function that sends its replies
+    /// (the connection ends after a `result` or `needPIN`); `answered` runs once they are out.
+    func serve(_ handle: @escaping Handler, answered: @escaping @Sendable (AgentRequest) -> Void = { _ in }) async throws {
+        try await server.executeThenClose { inbound in
+            try await withThrowingDiscardingTaskGroup { connections in
+                for try await connection in inbound {
+                    connections.addTask { await serve(connection, handle, answered) }
+                }
+            }
+        }
+    }
+
+    private func serve(_ connection: NIOAsyncChannel<DecodedRequest, ByteBuffer>, _ handle: @escaping Handler,
+                       _ answered: @escaping @Sendable (AgentRequest) -> Void) async {
+        guard let provider = connection.channel as? SocketOptionProvider,
+              let peer: boxkey_ucred = try? await provider.unsafeGetSocketOption(
+                level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get(),
+              peer.uid == getuid() else {
+            log("refused a connection from another user")
+            try? await connection.executeThenClose { _, _ in }
+            return
+        }
+        try? await connection.executeThenClose { inbound, outbound in
+            var iterator = inbound.makeAsyncIterator()
+            guard let decoded = try await iterator.next() else { return }
+            let (replies, continuation) = AsyncStream.makeStream(of: AgentReply.self)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                switch decoded {
+                case .failure(let error):
+                    continuation.yield(.result(.failure, message: "malformed request: \(error)", details: ""))
+                    continuation.finish()
+                case .success(let request):
+                    group.addTask {
+                        await handle(request) { reply in
+                            continuation.yield(reply)
+                            if case .progress = reply { return }
+                            continuation.finish()
+                        }
+                    }
+                }
+                for await reply in replies {
+                    try await outbound.write(ByteBuffer(bytes: reply.frame()))
+                }
+                try await group.waitForAll()
+            }
+            if case .success(let request) = decoded { answered(request) }
+        }
+    }
+}
 
 /// Which file a path names now (device and inode), or nil when there is none.
 struct SocketFile: Equatable {

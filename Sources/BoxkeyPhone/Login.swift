@@ -96,10 +96,14 @@ extension Phone {
     /// Locks or ends this phone's session on box `id` over `link` (a new one, or the presence
     /// link), then closes it.
     public static func act(_ action: ActionResult.Action, on link: BoxLink, box id: BoxID) async throws(PhoneFailure) {
-        let result: PhoneConnection.Event
+        var result: PhoneConnection.Event
         do {
             try await link.send(action == .lock ? .lock : .logout)
-            result = try await link.next(timeout: .seconds(15))
+            // On a presence link, the answer to a keepalive sent just before may come first.
+            let deadline = MonotonicClock().now + .seconds(15)
+            repeat {
+                result = try await link.next(timeout: max(deadline - MonotonicClock().now, .milliseconds(1)))
+            } while result == .keepalive
         } catch {
             await link.close()
             throw PhoneFailure(.failure, "box \(id): \(error)")

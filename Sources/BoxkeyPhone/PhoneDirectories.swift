@@ -1,3 +1,4 @@
+import BoxkeyCore
 import BoxkeyHost
 import FoundationEssentials
 import Glibc
@@ -6,7 +7,7 @@ import Glibc
 /// - `$XDG_CONFIG_HOME/boxkey`: its key (`phone.key`), the pinned boxes (`boxes.json`);
 /// - `$XDG_DATA_HOME/boxkey`: the vault;
 /// - `$XDG_STATE_HOME/boxkey`: the agent's log;
-/// - `$XDG_RUNTIME_DIR/boxkey`: the agent's socket; without a runtime directory,
+/// - `$XDG_RUNTIME_DIR/boxkey`: the agent's socket, and a foreground login's presence link's; without a runtime directory,
 ///   `$XDG_STATE_HOME/boxkey/run` (not a name in /tmp, which another user could take first).
 public struct PhoneDirectories: Sendable {
     public let config: String
@@ -49,6 +50,8 @@ public struct PhoneDirectories: Sendable {
 
     public var vault: String { data + "/vault" }
     public var agentSocket: String { runtime + "/agent.sock" }
+    /// Where a `boxkey login` in the foreground that holds the presence link to `box` listens.
+    public func presenceSocket(_ box: BoxID) -> String { runtime + "/presence-\(box).sock" }
     public var agentLog: String { state + "/agent.log" }
 }
 

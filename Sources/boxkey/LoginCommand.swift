@@ -28,6 +28,7 @@ extension Boxkey {
                         try AgentCommand.Start.spawnAgent(phone: phone, radio: radio, lifetime: AgentCommand.defaultLifetime)
                     }
                     if AgentClient(phone.dirs) != nil {
+                        Self.takePresenceOver(phone, boxID)
                         try loginThroughAgent(phone, boxID)
                         return
                     }
@@ -44,6 +45,7 @@ extension Boxkey {
                     let pin = vault.hasPIN ? try Terminal.readPIN() : nil
                     let (user, password): (String, SecureBytes)
                     do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
+                    Self.takePresenceOver(phone, boxID)
                     while result == nil {
                         do {
                             result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
@@ -75,9 +77,36 @@ extension Boxkey {
                     source.resume()
                     return source
                 }
+                // `boxkey lock`, `logout` and `status` from other shells come through this process.
+                let dirs = phone.dirs
+                let (answers, answered) = AsyncStream<Void>.makeStream()
+                let holder = Task {
+                    try await PresenceHolder.serve(presence, dirs: dirs, say: { Terminal.say($0) }, answered: { answered.yield() })
+                }
                 let ending = await presence.run()
+                if ending == .acted {
+                    // The lock or logout that ended the link was asked from another shell: its
+                    // answer goes out before this process ends (2 s at most).
+                    await withTaskGroup(of: Void.self) { group in
+                        group.addTask { for await _ in answers { return } }
+                        group.addTask { try? await Task.sleep(for: .seconds(2)) }
+                        await group.next()
+                        group.cancelAll()
+                    }
+                }
+                holder.cancel()
+                _ = await holder.result
                 signals.forEach { $0.cancel() }
                 if ending == .left(detached: false) { Terminal.say(tr("Left box {box}.", ("box", boxID))) }
+            }
+        }
+
+        /// A `boxkey login` in the foreground holding this box's presence link hands it over (it
+        /// leaves without a walk-away): two links from one phone would push each other aside
+        /// at the box. Asked only once this login can go ahead (the vault opened).
+        static func takePresenceOver(_ phone: Phone, _ boxID: BoxID) {
+            if let holder = PresenceHolder.client(phone.dirs, box: boxID) {
+                _ = try? holder.send(.stop, timeout: .seconds(5))
             }
         }
 
@@ -138,12 +167,21 @@ extension Boxkey {
     }
 }
 
-/// Lock or logout: through the agent when one runs (over its presence link if it holds one),
-/// else over a new link. Returns the sentence to print.
+/// Lock or logout: through the process holding the box's presence link (a foreground `boxkey
+/// login`, or the agent), else through the agent when one runs, else over a new link. Returns
+/// the sentence to print.
 func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOptions) async throws -> String {
-    // The agent first, by its socket alone: it knows the default box, and a lock must reach it
+    let dirs = PhoneDirectories()
+    // A `boxkey login` in the foreground holding the presence link to the box: over that link
+    // (a link of this process's own would push it aside at the box).
+    if let box = id ?? (try? Phone.open(dirs))?.boxes.defaultBox, let holder = PresenceHolder.client(dirs, box: box),
+       case .result(let outcome, let message, _) = try holder.send(.act(action, box: box)), outcome != .agentUnavailable {
+        guard outcome == .success else { throw PhoneFailure(outcome, message) }
+        return message
+    }
+    // The agent next, by its socket alone: it knows the default box, and a lock must reach it
     // (and make it drop the credentials) even when this process cannot load the phone's files.
-    if let agent = AgentClient(PhoneDirectories()) {
+    if let agent = AgentClient(dirs) {
         guard case .result(let outcome, let message, _) = try agent.send(.act(action, box: id)) else {
             throw PhoneFailure(.failure, "unexpected answer from the agent")
         }

@@ -118,7 +118,7 @@ def test_box_key_changed_is_refused_loudly(world):
 def test_vault_wiped_after_ten_wrong_pins(world):
     world.start_box()
     world.pair_and_store()
-    assert world.phone("pin", "set", stdin="246810\n").returncode == 0
+    assert world.phone("pin", "set", stdin="246810\n246810\n").returncode == 0
     now = 1_800_000_000
     for attempt in range(1, 11):
         r = world.phone("login", "--no-stay", stdin="111111\n", extra_env={"BOXKEY_TEST_NOW": str(now)})
@@ -140,7 +140,7 @@ def test_vault_wiped_after_ten_wrong_pins(world):
 def test_tampered_vault_is_reported(world):
     world.start_box()
     world.pair_and_store()
-    assert world.phone("pin", "set", stdin="246810\n").returncode == 0
+    assert world.phone("pin", "set", stdin="246810\n246810\n").returncode == 0
     path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
     text = open(path).read()
     open(path, "w").write(text.replace('"failures" : 0', '"failures" : 0 ', 1).replace('"failures" : 0 ', '"failures" : 0'))
@@ -203,6 +203,52 @@ def test_explicit_lock_and_logout(world):
     # of alice's local sessions, which is harmless.)
     r = world.phone("logout", "--yes")
     assert r.returncode == 15 and "no session" in r.stderr
+
+
+@pytest.mark.parametrize("action", [pytest.param("lock", marks=pytest.mark.both_radios), "logout"])
+def test_lock_and_logout_while_the_login_holds_the_presence_link(world, action):
+    """The state right after every login: `boxkey login` in the foreground holds the presence
+    link. A second link from the same phone would push that one aside; the command goes through
+    the process that holds it, and its answer is the box's."""
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(holder.log).read(), what="presence link")
+    assert world.finish(greeter)[0] == 0
+    r = world.phone(action, *(["--yes"] if action == "logout" else []))
+    said, call = ("Locked your session on box 4821", 'LockSession "42"') if action == "lock" \
+        else ("Logged out of box 4821", 'TerminateSession "42"')
+    assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: call in world.logind.calls(), what=call)
+    # The link's holder is done: it ends, saying what ended it.
+    assert holder.wait(15) == 0
+    assert said in open(holder.log).read()
+    assert "presence link lost" not in world.box_output()
+
+
+def test_a_second_login_takes_the_presence_link_over(world):
+    """A second `boxkey login` to the box (at the locker, say) takes the link over from the one
+    holding it, which leaves without a walk-away; the two do not push each other aside."""
+    world.settings["presence"]["grace_s"] = 1
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    first = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(first.log).read(), what="presence link")
+    assert world.finish(greeter)[0] == 0
+    greeter = world.greeter()
+    second = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(second.log).read(), what="the second presence link")
+    assert world.finish(greeter)[0] == 0
+    assert first.wait(15) == 0
+    assert "took the presence link to box 4821 over" in open(first.log).read()
+    time.sleep(3)  # past the grace time: a walk-away would have locked by now
+    assert "LockSession" not in world.logind.calls()
+    r = world.phone("status", "--json")
+    assert json.loads(r.stdout)["presence"]["pid"] == second.pid, r.stdout
+    second.terminate()
+    second.wait(10)
 
 
 @pytest.mark.both_radios
@@ -327,7 +373,7 @@ def test_rolled_back_vault_still_costs_argon2id_per_guess(world):
     one Argon2id derivation per guess, at least 0.25 s and 64 MiB."""
     world.start_box()
     world.pair_and_store()
-    assert world.phone("pin", "set", stdin="246810\n").returncode == 0
+    assert world.phone("pin", "set", stdin="246810\n246810\n").returncode == 0
     path = os.path.join(world.env["XDG_DATA_HOME"], "boxkey", "vault")
     snapshot = open(path, "rb").read()
     now = 1_800_000_000
