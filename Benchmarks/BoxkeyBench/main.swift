@@ -464,10 +464,10 @@ func loginWallTime(boxkey: String) async throws {
         p.waitUntilExit()
         return (p.terminationStatus, out, milliseconds(ContinuousClock().now - t0) / 1000)
     }
-    let pin = "246810\n"
+    let pin = "246810\n"  // the PIN, typed at each prompt
     try run(["pair", "4821", "--box-key", hex(bench.box.identity.keyPair.publicKey.bytes)])
     try run(["credentials", "set", "--user", user], input: password + "\n")
-    try run(["pin", "set"], input: pin)
+    try run(["pin", "set"], input: pin + pin)  // asked twice
     let status = try run(["status", "--json"]).out
     guard let key = (try? JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any])?["phoneKey"] as? String else { throw BenchError("no phone key: \(status)") }
     try await bench.enrol(key: key, user: user, name: "bench phone")

@@ -20,6 +20,21 @@ public struct AgentStatus: Codable, Sendable, Equatable {
     /// Proximity login on (`--proximity`), and whether its window after the PIN is still open.
     public var proximity: Bool?
     public var proximityOpen: Bool?
+
+    enum CodingKeys: String, CodingKey { case pid, credentialsHeld, user, expiresInSeconds, presence, mode, proximity, proximityOpen }
+
+    /// Every key, null when it has no value (the JSON's schema: docs/phone-json.md).
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(pid, forKey: .pid)
+        try c.encode(credentialsHeld, forKey: .credentialsHeld)
+        try c.encode(user, forKey: .user)
+        try c.encode(expiresInSeconds, forKey: .expiresInSeconds)
+        try c.encode(presence, forKey: .presence)
+        try c.encode(mode, forKey: .mode)
+        try c.encode(proximity ?? false, forKey: .proximity)
+        try c.encode(proximityOpen ?? false, forKey: .proximityOpen)
+    }
 }
 
 /// `boxkey agent`, in the spirit of ssh-agent: the vault is opened once, and the credentials

@@ -66,7 +66,7 @@ extension Vault.Failure {
     public var outcome: Outcome {
         switch self {
         case .noCredentials: .noCredentials
-        case .pinRequired, .noPINEntered: .cancelled
+        case .pinRequired, .noPINEntered, .notAPIN: .cancelled
         case .wrongPIN: .wrongPIN
         case .lockedOut: .vaultLockedOut
         case .wiped: .vaultWiped

@@ -16,7 +16,8 @@ import Glibc
 ///   keyed by the device secret: an edited counter is reported as tampering, never silently
 ///   accepted. Delays after wrong PINs follow iOS: 1 min at the 5th, 5 min at the 6th, 15 min
 ///   at the 7th and 8th, 1 h at the 9th; the 10th wipes the credentials.
-/// - A PIN is at least `minimumPINLength` digits; an empty entry is no attempt.
+/// - A PIN is at least `minimumPINLength` digits; an empty entry, or one that cannot be a PIN,
+///   is no attempt.
 /// - Rolling the whole file back to an older copy cannot be detected without tamper-proof
 ///   storage; it still costs the attacker one Argon2id derivation per guess
 ///   (docs/threat-model.md). A vault that fails its checks is never opened; the recovery is
@@ -69,6 +70,9 @@ public struct Vault {
         case tampered(String)
         /// Nothing was entered: no attempt was made or counted.
         case noPINEntered
+        /// What was entered cannot be a PIN (a word, a "y" meant for another question): no
+        /// attempt was made or counted.
+        case notAPIN
         /// The attempt could not be counted on disk, so the PIN was not tried.
         case attemptNotRecorded(String)
 
@@ -81,6 +85,7 @@ public struct Vault {
             case .wiped: tr("the credentials were wiped after {n} wrong PINs: store them again with `boxkey credentials set`", ("n", Vault.maxFailures))
             case .tampered(let why): tr("the vault file was modified outside boxkey ({why}); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)", ("why", why))
             case .noPINEntered: tr("no PIN entered; nothing was tried")
+            case .notAPIN: tr("that is not a PIN (a PIN is {n} or more digits, 0-9); nothing was tried", ("n", Vault.minimumPINLength))
             case .attemptNotRecorded(let why): tr("could not record the PIN attempt ({why}); the PIN was not tried", ("why", why))
             }
         }
@@ -182,6 +187,8 @@ public struct Vault {
         if file.pin != nil {
             guard let pin else { throw Failure.pinRequired }
             guard pin.count > 0 else { throw Failure.noPINEntered }
+            // Every PIN was set under `problem(withNewPIN:)`: anything else is not an attempt.
+            guard Self.problem(withNewPIN: pin) == nil else { throw Failure.notAPIN }
             try checkNoDelay(now: now)
             try countAttempt(now: now)
         }

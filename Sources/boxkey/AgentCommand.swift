@@ -121,13 +121,38 @@ enum AgentCommand {
             try await Terminal.run {
                 // The agent is reached through its socket alone: a damaged phone file must not
                 // keep anyone from seeing, dropping or stopping it.
-                guard let client = AgentClient(PhoneDirectories()) else { throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)") }
+                guard let client = AgentClient(PhoneDirectories()) else {
+                    // JSON in every state: `{"running": false}`, and the exit code says the same.
+                    if json { Terminal.say(#"{"running":false}"#) }
+                    throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)")
+                }
                 guard case .result(.success, let message, let details) = try client.send(.status) else {
                     throw PhoneFailure(.failure, "the agent did not answer the status request")
                 }
-                Terminal.say(json ? details : message)
+                Terminal.say(json ? AgentCommand.withRunning(details) : message)
             }
         }
+    }
+
+    /// The running agent's status, or nil when none answers.
+    static func runningStatus(_ dirs: PhoneDirectories) -> AgentStatus? {
+        guard let client = AgentClient(dirs), case .result(.success, _, let details)? = try? client.send(.status, timeout: .seconds(10)) else { return nil }
+        return try? JSONDecoder().decode(AgentStatus.self, from: Data(details.utf8))
+    }
+
+    /// The agent's status JSON with `"running": true` added: the same key as when none runs.
+    static func withRunning(_ details: String) -> String {
+        struct Running: Encodable {
+            let status: AgentStatus
+            enum Key: String, CodingKey { case running }
+            func encode(to encoder: any Encoder) throws {
+                try status.encode(to: encoder)
+                var c = encoder.container(keyedBy: Key.self)
+                try c.encode(true, forKey: .running)
+            }
+        }
+        guard let status = try? JSONDecoder().decode(AgentStatus.self, from: Data(details.utf8)) else { return details }
+        return Terminal.json(Running(status: status))
     }
 
     struct Forget: AsyncParsableCommand {

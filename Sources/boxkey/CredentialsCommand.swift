@@ -9,7 +9,11 @@ extension Boxkey {
         static let configuration = CommandConfiguration(abstract: "Store or clear the user name and password sealed in the vault.",
                                                         subcommands: [Set.self, Clear.self, Show.self], defaultSubcommand: Show.self)
         struct Set: AsyncParsableCommand {
-            static let configuration = CommandConfiguration(abstract: "Store user and password (the password is read without echo, or from standard input).")
+            static let configuration = CommandConfiguration(
+                abstract: "Store user and password (the password is read without echo, or from standard input).",
+                discussion: """
+                Piped, standard input is read one line per question, in this order: the user name (only without --user), the password (not with --key-only or --escrow), the current PIN (only when one is set). For example: printf '%s\\n' "$USER" "$PASSWORD" "$PIN" | boxkey credentials set
+                """)
             @Option(help: "The user name (asked for when missing).") var user: String?
             @Flag(help: "Store no password: log in on this phone's enrolled key alone, at boxes in key mode for you (docs/login-modes.md).")
             var keyOnly = false
@@ -23,7 +27,7 @@ extension Boxkey {
                     let name: String
                     if let user { name = user } else {
                         Console.error("User: ")
-                        name = readLine()?.trimmed ?? ""
+                        name = Terminal.readAnswer()?.trimmed ?? ""
                     }
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
                         throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
@@ -74,7 +78,7 @@ extension Boxkey {
             func run() async throws {
                 try await Terminal.run {
                     let phone = try Phone.open()
-                    let state = VaultReport(Vault.state(phone.dirs, identity: phone.identity))
+                    let state = VaultReport(phone, agent: AgentCommand.runningStatus(phone.dirs))
                     Terminal.say(json ? Terminal.json(state) : state.sentence)
                 }
             }
@@ -87,20 +91,13 @@ extension Boxkey {
             abstract: "Set, change or clear the vault PIN (at least \(Vault.minimumPINLength) digits; Argon2id, 256 MiB; 10 wrong PINs wipe the credentials).",
             subcommands: [Set.self, Change.self, Clear.self])
 
-        static func newPIN() throws -> SecureBytes {
-            let pin = Terminal.readSecret(tr("New PIN: "))
-            guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was changed")) }
-            if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
-            return pin
-        }
-
         struct Set: AsyncParsableCommand {
             static let configuration = CommandConfiguration(abstract: "Protect the stored credentials with a PIN.")
             func run() async throws {
                 try await Terminal.run {
                     var vault = try Phone.open().vault()
                     guard !vault.hasPIN else { throw PhoneFailure(.failure, tr("a PIN is already set: use boxkey pin change")) }
-                    try vault.reseal(oldPIN: nil, newPIN: try PIN.newPIN(), now: vaultNow())
+                    try vault.reseal(oldPIN: nil, newPIN: try Terminal.readNewPIN(), now: vaultNow())
                     Terminal.say(tr("PIN set."))
                 }
             }
@@ -111,7 +108,7 @@ extension Boxkey {
                 try await Terminal.run {
                     var vault = try Phone.open().vault()
                     let old = vault.hasPIN ? try Terminal.readPIN(tr("Current PIN: ")) : nil
-                    try vault.reseal(oldPIN: old, newPIN: try PIN.newPIN(), now: vaultNow())
+                    try vault.reseal(oldPIN: old, newPIN: try Terminal.readNewPIN(), now: vaultNow())
                     Terminal.say(tr("PIN changed."))
                 }
             }
@@ -130,12 +127,18 @@ extension Boxkey {
     }
 }
 
-/// The vault's state for `credentials` and `status`, in words or JSON.
+/// The vault's state for `credentials` and `status`, in words or JSON (every key always
+/// present; docs/phone-json.md).
 struct VaultReport: Encodable {
     var credentials: String  // none, stored, wiped, unusable
     var pin: Bool
     var failures: Int
     var problem: String?
+    /// Whose credentials, and what they are ("password", "key": key logins only, "escrow"):
+    /// known when the vault has no PIN, or from an agent that holds them; nil while they are
+    /// sealed behind the PIN.
+    var user: String?
+    var kind: String?
 
     init(_ state: Vault.State) {
         switch state {
@@ -146,12 +149,45 @@ struct VaultReport: Encodable {
         }
     }
 
+    /// With the user and kind filled in where they can be known without the PIN.
+    init(_ phone: Phone, agent: AgentStatus?) {
+        self.init(Vault.state(phone.dirs, identity: phone.identity))
+        guard credentials == "stored" else { return }
+        if !pin, var vault = try? phone.vault(), let (user, password) = try? vault.credentials(pin: nil, now: vaultNow()) {
+            self.user = user
+            kind = CredentialPush(user: user, password: password, deviceName: "").kind.rawValue
+        } else if let agent, agent.credentialsHeld {
+            user = agent.user
+            kind = agent.mode
+        }
+    }
+
+    enum CodingKeys: String, CodingKey { case credentials, pin, failures, problem, user, kind }
+
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(credentials, forKey: .credentials)
+        try c.encode(pin, forKey: .pin)
+        try c.encode(failures, forKey: .failures)
+        try c.encode(problem, forKey: .problem)
+        try c.encode(user, forKey: .user)
+        try c.encode(kind, forKey: .kind)
+    }
+
     var sentence: String {
         switch credentials {
-        case "stored": "stored\(pin ? ", behind a PIN" : "")\(failures > 0 ? ", \(failures) wrong PIN\(failures == 1 ? "" : "s")" : "")"
-        case "wiped": "wiped after \(Vault.maxFailures) wrong PINs"
-        case "unusable": "unusable: \(problem ?? "?") (boxkey credentials clear --force removes it)"
-        default: "none stored"
+        case "stored":
+            let what = switch kind {
+            case "key"?: " (no password: key logins only)"
+            case "escrow"?: " (an escrow secret)"
+            case "password"?: " (a password)"
+            default: ""
+            }
+            let whose = user.map { " for \($0)\(what)" } ?? (pin ? " (the user is sealed behind the PIN)" : "")
+            return "stored\(whose)\(pin ? ", behind a PIN" : "")\(failures > 0 ? ", \(failures) wrong PIN\(failures == 1 ? "" : "s")" : "")"
+        case "wiped": return "wiped after \(Vault.maxFailures) wrong PINs"
+        case "unusable": return "unusable: \(problem ?? "?") (boxkey credentials clear --force removes it)"
+        default: return "none stored"
         }
     }
 }

@@ -33,7 +33,7 @@ extension Boxkey {
                 }
                 let typed = code ?? {
                     Console.error("Pairing code shown on box \(id): ")
-                    return readLine() ?? ""
+                    return Terminal.readAnswer() ?? ""
                 }()
                 guard let pairingCode = PairingCode(typed) else { throw ValidationError("a pairing code is \(PairingCode.digits) digits") }
                 let phoneRadio = try await radio.open(phone)

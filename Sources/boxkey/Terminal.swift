@@ -48,13 +48,13 @@ enum Terminal {
         guard isInteractive else { return false }
         clearProgress()
         Console.error(tr("Box {box} not found nearby. Search again? [Y/n] ", ("box", id)))
-        guard let line = readLine() else { return false }
+        guard let line = readAnswer() else { return false }
         return ["", "y", "yes"].contains(line.trimmed.lowercased())
     }
 
     static func confirm(_ question: String) -> Bool {
         Console.error("\(question) [y/N] ")
-        guard let line = readLine() else { return false }
+        guard let line = readAnswer() else { return false }
         return ["y", "yes"].contains(line.trimmed.lowercased())
     }
 
@@ -72,11 +72,44 @@ enum Terminal {
         return readLineSecure()
     }
 
-    /// A PIN for the vault; nothing entered cancels (exit 16) without an attempt.
+    /// A PIN for the vault; nothing entered cancels (exit 16) without an attempt, and so does
+    /// what cannot be a PIN (on a terminal it is asked again, up to 3 times): a word, or a "y"
+    /// meant for another question, never counts toward the wipe.
     static func readPIN(_ prompt: String? = nil) throws -> SecureBytes {
-        let pin = readSecret(prompt ?? tr("PIN: "))
-        guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was tried")) }
+        for _ in 0..<3 {
+            let pin = readSecret(prompt ?? tr("PIN: "))
+            guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was tried")) }
+            guard Vault.problem(withNewPIN: pin) != nil else { return pin }
+            guard isatty(0) == 1 else { break }
+            warn(Vault.Failure.notAPIN.description)
+        }
+        throw Vault.Failure.notAPIN.asPhoneFailure
+    }
+
+    /// A new PIN, asked twice: a typo would otherwise set a PIN nobody knows.
+    static func readNewPIN() throws -> SecureBytes {
+        let pin = readSecret(tr("New PIN: "))
+        guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was changed")) }
+        if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
+        let again = readSecret(tr("New PIN again: "))
+        guard again.isEqual(to: pin) else { throw PhoneFailure(.cancelled, tr("the two PINs differ; nothing was changed")) }
         return pin
+    }
+
+    /// One line of standard input (a name, an answer), read a byte at a time: stdio's buffered
+    /// `readLine` would take the lines after it too (piped password and PIN), and they would
+    /// be lost to the questions that follow. Nil at end of input.
+    static func readAnswer() -> String? {
+        var bytes: [UInt8] = []
+        var c: UInt8 = 0
+        var any = false
+        while read(0, &c, 1) == 1 {
+            any = true
+            if c == 10 { break }
+            if c != 13 { bytes.append(c) }
+            if bytes.count > 4096 { break }
+        }
+        return any ? String(decoding: bytes, as: UTF8.self) : nil
     }
 
     /// One line of standard input into secure memory, without a String copy of it.

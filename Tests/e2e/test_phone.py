@@ -30,7 +30,7 @@ def vault_report(world):
 def with_pin(world):
     world.start_box()
     world.pair_and_store()
-    r = world.phone("pin", "set", stdin=PIN + "\n")
+    r = world.phone("pin", "set", stdin=PIN + "\n" + PIN + "\n")
     assert r.returncode == 0, r.stderr
 
 
@@ -206,9 +206,117 @@ def test_pin_is_at_least_six_digits(world):
         r = world.phone("pin", "set", stdin=weak + "\n")
         assert r.returncode == 1 and "at least 6 digits" in r.stderr, (weak, r.stderr)
         assert vault_report(world)["pin"] is False
-    r = world.phone("pin", "set", stdin=PIN + "\n")
+    r = world.phone("pin", "set", stdin=PIN + "\n" + PIN + "\n")
     assert r.returncode == 0 and "PIN set" in r.stdout, r.stderr
     assert vault_report(world)["pin"] is True
+
+
+def test_pin_set_and_change_ask_twice(world):
+    """A typo in a new PIN would set one nobody knows, and ten tries later wipe the vault."""
+    assert world.phone("credentials", "set", "--user", "alice", stdin=PASSWORD + "\n").returncode == 0
+    for second in ("", "135790"):
+        r = world.phone("pin", "set", stdin=PIN + "\n" + second + "\n")
+        assert r.returncode == 16 and "differ" in r.stderr, (second, r.stderr)
+        assert vault_report(world)["pin"] is False
+    r = world.phone("pin", "set", stdin=PIN + "\n" + PIN + "\n")
+    assert r.returncode == 0 and "PIN set" in r.stdout, r.stderr
+    r = world.phone("pin", "change", stdin=PIN + "\n" + "135790\n" + "135791\n")
+    assert r.returncode == 16 and "differ" in r.stderr, r.stderr
+    r = world.phone("pin", "change", stdin=PIN + "\n" + "135790\n" + "135790\n")
+    assert r.returncode == 0 and "PIN changed" in r.stdout, r.stderr
+    assert world.phone("credentials", "show", stdin="135790\n").returncode == 0
+    assert vault_report(world)["failures"] == 0
+
+
+def test_what_cannot_be_a_pin_is_not_an_attempt(world):
+    """`abc`, a `y` meant for "Search again?", the next line of a script: refused before the
+    vault counts anything, so they never bring the wipe closer."""
+    with_pin(world)
+    world.greeter()
+    for typed in ("abc", "y", "12345", "wrong horse", "1234567x"):
+        r = world.phone("login", "--no-stay", stdin=typed + "\n")
+        assert r.returncode == 16 and "not a PIN" in r.stderr, (typed, r.stdout + r.stderr)
+    assert vault_report(world)["failures"] == 0
+    # The password stays what it was: the bad PIN line stores nothing.
+    r = world.phone("credentials", "set", "--user", "alice", stdin="123456\nwrong horse\n")
+    assert r.returncode == 16 and "not a PIN" in r.stderr, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 0
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_piped_credentials_set_reads_one_line_per_question(world):
+    """Documented in `credentials set --help`: the user (without --user), the password, the
+    current PIN (when one is set); no answer shifts into another's place."""
+    world.start_box()
+    assert world.pair(world.pairing_code("alice")).returncode == 0
+    r = world.phone("credentials", "set", stdin="alice\n" + PASSWORD + "\n")
+    assert r.returncode == 0 and "Credentials for alice stored" in r.stdout, r.stdout + r.stderr
+    assert world.phone("pin", "set", stdin=PIN + "\n" + PIN + "\n").returncode == 0
+    r = world.phone("credentials", "set", stdin="alice\n" + PASSWORD + "\n" + PIN + "\n")
+    assert r.returncode == 0 and "stored behind your PIN" in r.stdout, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 0
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay", stdin=PIN + "\n")
+    assert r.returncode == 0 and world.finish(greeter)[0] == 0, r.stdout + r.stderr
+
+
+STATUS_KEYS = {"phoneKey", "fingerprint", "vault", "agent", "presence", "loggedIn", "boxes"}
+VAULT_KEYS = {"credentials", "pin", "failures", "problem", "user", "kind"}
+AGENT_KEYS = {"running", "pid", "credentialsHeld", "user", "mode", "expiresInSeconds", "presence", "proximity", "proximityOpen"}
+
+
+def test_status_json_has_every_key_in_every_state(world, agents):
+    """docs/phone-json.md: every key in every state, null when it has no value."""
+    def check():
+        s = json.loads(world.phone("status", "--json").stdout)
+        assert set(s) == STATUS_KEYS and set(s["vault"]) == VAULT_KEYS, s
+        if s["agent"] is not None:
+            assert set(s["agent"]) == AGENT_KEYS - {"running"}, s["agent"]
+        if s["presence"] is not None:
+            assert set(s["presence"]) == {"box", "holder", "pid", "connected"}, s["presence"]
+        for b in s["boxes"]:
+            assert set(b) == {"id", "fingerprint", "key", "isDefault", "address"}, b
+        return s
+
+    def agent_status():
+        r = world.phone("agent", "status", "--json")
+        a = json.loads(r.stdout)
+        assert (r.returncode == 0) == a["running"], r
+        assert a == {"running": False} or set(a) == AGENT_KEYS, a
+        return a
+
+    s = check()
+    assert s["vault"]["credentials"] == "none" and s["agent"] is None and s["presence"] is None and s["loggedIn"] is None
+    assert agent_status() == {"running": False}
+    with_pin(world)
+    s = check()
+    assert s["vault"] == {"credentials": "stored", "pin": True, "failures": 0, "problem": None, "user": None, "kind": None}
+    # Without the PIN, whose credentials they are is readable.
+    assert world.phone("pin", "clear", stdin=PIN + "\n").returncode == 0
+    s = check()
+    assert s["vault"]["user"] == "alice" and s["vault"]["kind"] == "password"
+    # A foreground login holds the presence link.
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.phone_background("login")
+    wait_for(lambda: "Staying connected" in open(holder.log).read(), what="presence link")
+    world.finish(greeter)
+    s = check()
+    assert s["presence"] == {"box": "4821", "holder": "login", "pid": holder.pid, "connected": True} and s["loggedIn"] is True, s
+    text = world.phone("status").stdout
+    assert f"logged in on box 4821 (presence link held by boxkey login, pid {holder.pid})" in text, text
+    holder.terminate()
+    holder.wait(10)
+    # The agent holds it.
+    assert agents.start().returncode == 0
+    a = agent_status()
+    assert a["running"] is True and a["credentialsHeld"] is True and a["user"] == "alice" and a["presence"] is None
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login").returncode == 0
+    world.finish(greeter)
+    wait_for(lambda: (check()["presence"] or {}).get("connected"), what="the agent's presence link")
+    s = check()
+    assert s["presence"]["holder"] == "agent" and s["loggedIn"] is True and s["agent"]["presence"] == {"box": "4821", "connected": True}
 
 
 def test_tampered_vault_can_be_seen_and_cleared_with_force(world):
@@ -267,10 +375,11 @@ def test_json_outputs_parse(world, agents):
     world.start_box()
     world.pair_and_store()
     status = json.loads(world.phone("status", "--json").stdout)
-    assert status["vault"] == {"credentials": "stored", "pin": False, "failures": 0}
+    stored = {"credentials": "stored", "pin": False, "failures": 0, "problem": None, "user": "alice", "kind": "password"}
+    assert status["vault"] == stored
     assert [b["id"] for b in status["boxes"]] == ["4821"] and status["boxes"][0]["isDefault"] is True
     assert re.fullmatch(r"[0-9a-f]{64}", status["phoneKey"])
-    assert vault_report(world) == {"credentials": "stored", "pin": False, "failures": 0}
+    assert vault_report(world) == stored
     assert json.loads(world.phone("credentials", "show", "--json").stdout) == vault_report(world)
     world.greeter()
     r = world.phone("scan", "--json", "--seconds", "2")
@@ -411,6 +520,26 @@ def test_lock_through_the_agent_drops_the_credentials(world, agents):
     assert "credentials dropped (boxkey lock)" in agents.log_text()
     r = world.phone("login", "--no-stay", stdin="")
     assert r.returncode == 16  # the PIN is asked again
+
+
+@pytest.mark.both_radios
+@pytest.mark.parametrize("action", ["lock", "logout"])
+def test_lock_and_logout_through_the_agent_holding_the_presence_link(world, agents, action):
+    """`boxkey login` with an agent: the agent keeps the presence link, and a lock or logout
+    goes over that link. The command says what the box did, and exits 0."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    greeter = world.greeter("authenticate", "open_session")
+    r = world.phone("login")
+    assert r.returncode == 0 and "presence link" in r.stdout, r.stdout + r.stderr
+    assert world.finish(greeter)[0] == 0
+    wait_for(lambda: (agents.status().get("presence") or {}).get("connected"), what="the agent's presence link")
+    r = world.phone(action, *(["--yes"] if action == "logout" else []))
+    said, call = ("Locked your session on box 4821", 'LockSession "42"') if action == "lock" \
+        else ("Logged out of box 4821", 'TerminateSession "42"')
+    assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: call in world.logind.calls(), what=call)
+    wait_for(lambda: not agents.status().get("presence"), what="the agent's presence link to end")
 
 
 def test_suspend_drops_the_credentials(world, agents):
