@@ -1162,16 +1162,22 @@ public actor Box {
             case .lock:
                 // Lock is harmless: when unsure which session, lock all of the users' local ones.
                 outcome = await lock(targets, orAllOf: users, phone: phone, reason: "phone asked", walkAway: false)
-                if outcome == .done { lockedUsers.formUnion(users) }
-                endPresence(of: phone, except: id)
+                // Presence ends only with what it guards: a lock that did not happen leaves the
+                // session open, and walking away must still act on it.
+                if outcome == .done {
+                    lockedUsers.formUnion(users)
+                    endPresence(of: phone, except: id)
+                }
             case .logout:
                 if targets.isEmpty {
                     audit.audit(.notice, .pushRefused, "refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))", phone: phone.fingerprint)
                 } else {
                     outcome = await run("logout", targets, phone: phone, reason: "phone asked") { try await self.sessions.terminate(session: $0) }
-                    if outcome == .done { for s in targets { registered.close(s.id) } }
+                    if outcome == .done {
+                        for s in targets { registered.close(s.id) }
+                        endPresence(of: phone, except: id)
+                    }
                 }
-                endPresence(of: phone, except: id)
             case .attach:
                 // Attach only restores walk-away protection; it unlocks nothing. A session on
                 // record, or (after a daemon restart forgot them) a local one logind lists.

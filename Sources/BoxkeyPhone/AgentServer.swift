@@ -144,6 +144,20 @@ struct UserSocket: Sendable {
     let log: @Sendable (String) -> Void
     private let server: NIOAsyncChannel<NIOAsyncChannel<DecodedRequest, ByteBuffer>, Never>
     private let bound: SocketFile?
+    /// Connections being served now.
+    private let inFlight = InFlight()
+
+    final class InFlight: Sendable {
+        let count = Mutex(0)
+    }
+
+    /// Waits until no connection is being served (their answers are out), `limit` at most.
+    func waitUntilIdle(limit: Duration) async {
+        let deadline = ContinuousClock.now + limit
+        while inFlight.count.withLock({ $0 }) > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
 
     /// Binds `path`, replacing a socket file left there.
     static func bind(_ path: String, log: @escaping @Sendable (String) -> Void) async throws -> UserSocket {
@@ -186,6 +200,8 @@ struct UserSocket: Sendable {
 
     private func serve(_ connection: NIOAsyncChannel<DecodedRequest, ByteBuffer>, _ handle: @escaping Handler,
                        _ answered: @escaping @Sendable (AgentRequest) -> Void) async {
+        inFlight.count.withLock { $0 += 1 }
+        defer { inFlight.count.withLock { $0 -= 1 } }
         guard let provider = connection.channel as? SocketOptionProvider,
               let peer: boxkey_ucred = try? await provider.unsafeGetSocketOption(
                 level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get(),

@@ -49,7 +49,7 @@ extension Phone {
                 start = clock.now  // the login's time runs from the person's Enter
             case .loginResult(let refused):
                 await link.close()
-                throw PhoneFailure(.notAtPrompt, refused.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : "box \(id): \(refused.reason)")
+                throw PhoneFailure(.notAtPrompt, refused.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : Self.saying(refused.reason, box: id))
             default:
                 await link.close()
                 throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id)))
@@ -83,19 +83,32 @@ extension Phone {
             return (report, link)
         case .rejected:
             await link.close()
-            throw PhoneFailure(.rejected, tr("box {box} rejected the credentials for {user}: {reason}. If the password changed, run `boxkey credentials set` and log in again.", ("box", id), ("user", user), ("reason", result.reason)))
+            // The advice depends on what was sent: only a password can have changed.
+            let advice = switch CredentialPush(user: user, password: password, deviceName: "").kind {
+            case .password: tr("If the password changed, run `boxkey credentials set` and log in again.")
+            case .key: tr("This phone holds no password (key logins only): box {box} takes key logins only from users its admin put in key mode. To log in here, store the password: boxkey credentials set --user {user}.", ("box", id), ("user", user))
+            case .escrow: tr("This phone holds an escrow secret, no password: if box {box} has no sealed copy of your password for it, type the password there once with this phone near.", ("box", id))
+            }
+            throw PhoneFailure(.rejected, tr("box {box} rejected the login for {user}: {reason}.", ("box", id), ("user", user), ("reason", result.reason)) + " " + advice)
         case .notAtPrompt, .wrongUser, .ambiguousPrompt:
             await link.close()
-            throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : "box \(id): \(result.reason)")
+            throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : Self.saying(result.reason, box: id))
         case .timedOut:
             await link.close()
-            throw PhoneFailure(.timedOut, "box \(id): \(result.reason)")
+            throw PhoneFailure(.timedOut, Self.saying(result.reason, box: id))
         }
     }
 
+    /// The box's reason, said as coming from box `id`, without naming the box twice ("box
+    /// 4821: box 4821 is not at a login prompt").
+    static func saying(_ reason: String, box id: BoxID) -> String {
+        reason.lowercased().hasPrefix("box \(id)") ? reason : "box \(id): \(reason)"
+    }
+
     /// Locks or ends this phone's session on box `id` over `link` (a new one, or the presence
-    /// link), then closes it.
-    public static func act(_ action: ActionResult.Action, on link: BoxLink, box id: BoxID) async throws(PhoneFailure) {
+    /// link), then closes it; `keepOnFailure`: a link the box answered with a failure stays
+    /// open (the presence link goes on guarding a session that was not locked).
+    public static func act(_ action: ActionResult.Action, on link: BoxLink, box id: BoxID, keepOnFailure: Bool = false) async throws(PhoneFailure) {
         var result: PhoneConnection.Event
         do {
             try await link.send(action == .lock ? .lock : .logout)
@@ -108,8 +121,11 @@ extension Phone {
             await link.close()
             throw PhoneFailure(.failure, "box \(id): \(error)")
         }
-        await link.close()
-        guard case .actionResult(let r) = result else { throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id))) }
+        guard case .actionResult(let r) = result else {
+            await link.close()
+            throw PhoneFailure(.failure, tr("unexpected answer from box {box}", ("box", id)))
+        }
+        if r.outcome == .done || !keepOnFailure { await link.close() }
         switch r.outcome {
         case .done: return
         case .noSession: throw PhoneFailure(.noSession, tr("you have no session on box {box}", ("box", id)))

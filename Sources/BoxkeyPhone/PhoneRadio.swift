@@ -12,8 +12,8 @@ public final class PhoneRadio: Sendable {
     private let position: Double
 
     /// Opens the radio `backend` picks (see `RadioChoice`). `simPosition` is this phone's
-    /// distance from the box on the simulated air.
-    public static func open(_ backend: RadioChoice.Backend, adapter: String?, simDirectory: String?, simPosition: Double,
+    /// distance from the box on the simulated air (nil: where the last `sim move` put it, else 1 m).
+    public static func open(_ backend: RadioChoice.Backend, adapter: String?, simDirectory: String?, simPosition: Double?,
                             identity: PhoneIdentity) async throws(PhoneFailure) -> PhoneRadio {
         do {
             switch try await RadioChoice.resolve(backend, adapter: adapter, simDirectory: simDirectory) {
@@ -23,7 +23,9 @@ public final class PhoneRadio: Sendable {
                 }
             case .simulated(let directory):
                 let air = try RadioChoice.openSimulatedAir(directory)
-                return PhoneRadio(air: air, address: identity.simulatedAddress, position: simPosition)
+                let address = identity.simulatedAddress
+                let position = simPosition ?? SimMoves(directory: air.directory, address: address).position() ?? 1.0
+                return PhoneRadio(air: air, address: address, position: position)
             }
         } catch let f as RadioChoice.Failure {
             throw PhoneFailure(.radioUnavailable, f.description)

@@ -7,7 +7,7 @@ import Glibc
 /// goes through it, on `$XDG_RUNTIME_DIR/boxkey/presence-<box>.sock` (0600, this user only, the
 /// agent's wire format): a second link from the same phone would be taken by the box as this
 /// phone's link, and push the presence link aside.
-public enum PresenceHolder {
+public final class PresenceHolder: Sendable {
     /// What `status` shows of a foreground holder.
     public struct Status: Codable, Sendable, Equatable {
         public var box: String
@@ -15,22 +15,41 @@ public enum PresenceHolder {
         public var connected: Bool
     }
 
-    /// Serves `presence`'s socket until cancelled. `say` prints to the holder's terminal what
-    /// another command had it do; `answered` is told when the answer to a lock or logout is out
-    /// (the link ends with the action, and the holder must not end before its answer is sent).
-    public static func serve(_ presence: PresenceLink, dirs: PhoneDirectories, say: @escaping @Sendable (String) -> Void,
-                             answered: @escaping @Sendable () -> Void = {}) async throws {
+    private let socket: UserSocket
+    private let serving: Task<Void, Never>
+
+    /// Starts serving `presence`'s socket. `say` prints to the holder's terminal what another
+    /// command had it do.
+    public static func start(_ presence: PresenceLink, dirs: PhoneDirectories, say: @escaping @Sendable (String) -> Void) async throws -> PresenceHolder {
         do { try dirs.ensureRuntime() } catch { throw PhoneFailure(.failure, "\(error)") }
-        let path = dirs.presenceSocket(presence.box)
-        // A socket left at the path is a crashed holder's, or one whose link this login's link
-        // replaced at the box: either way it holds no link to this box any more.
-        let socket = try await UserSocket.bind(path, log: { _ in })
-        defer { socket.unlinkIfOurs() }
-        try await socket.serve({ request, reply in
-            await handle(request, presence: presence, say: say, reply: reply)
-        }, answered: { request in
-            if case .act = request { answered() }
-        })
+        // A socket left at the path is a crashed holder's, or a holder's that handed the link
+        // over: either way nobody serves it.
+        let socket = try await UserSocket.bind(dirs.presenceSocket(presence.box), log: { _ in })
+        let serving = Task<Void, Never> {
+            do {
+                try await socket.serve { request, reply in
+                    await handle(request, presence: presence, say: say, reply: reply)
+                }
+            } catch {}
+        }
+        return PresenceHolder(socket: socket, serving: serving)
+    }
+
+    private init(socket: UserSocket, serving: Task<Void, Never>) {
+        self.socket = socket
+        self.serving = serving
+    }
+
+    /// Whether the socket file is still this holder's (not removed, not bound anew by another).
+    public var isReachable: Bool { socket.isStillOurs }
+
+    /// Stops serving once the answers in flight are out (2 s at most): the lock or logout that
+    /// ended the link was asked from another shell, and it must hear the answer.
+    public func finish() async {
+        await socket.waitUntilIdle(limit: .seconds(2))
+        serving.cancel()
+        await serving.value
+        socket.unlinkIfOurs()
     }
 
     static func handle(_ request: AgentRequest, presence: PresenceLink, say: @escaping @Sendable (String) -> Void,
@@ -54,12 +73,16 @@ public enum PresenceHolder {
                 say(f.message)
                 reply(.result(f.outcome, message: f.message, details: ""))
             case nil:
-                // Lost while looking for the box again: the asker uses a link of its own.
+                // Lost, or ended meanwhile: the asker uses a link of its own.
                 reply(.result(.agentUnavailable, message: tr("the presence link to box {box} is being found again", ("box", box)), details: ""))
             }
         case .stop:
-            // Another login to this box takes the presence link over: this one leaves without
-            // a walk-away, so the box does not act on the session.
+            // Only a link that is down is handed over: while it is up the session is open and
+            // guarded, and a new login has nothing to do there (it is refused before asking).
+            guard !presence.isConnected else {
+                reply(.result(.failure, message: tr("boxkey login (pid {pid}) holds a live presence link to box {box}: you are logged in there", ("pid", getpid()), ("box", box)), details: ""))
+                return
+            }
             presence.leave(detach: true)
             say(tr("Another boxkey login took the presence link to box {box} over.", ("box", box)))
             reply(.result(.success, message: "", details: ""))
@@ -72,5 +95,11 @@ public enum PresenceHolder {
     /// The foreground holder of the presence link to `box`, if one answers.
     public static func client(_ dirs: PhoneDirectories, box: BoxID) -> AgentClient? {
         AgentClient(path: dirs.presenceSocket(box))
+    }
+
+    /// The foreground holder's status, if one answers within 5 s.
+    public static func status(_ dirs: PhoneDirectories, box: BoxID) -> Status? {
+        guard let holder = client(dirs, box: box), case .result(.success, _, let details)? = try? holder.send(.status, timeout: .seconds(5)) else { return nil }
+        return try? JSONDecoder().decode(Status.self, from: Data(details.utf8))
     }
 }

@@ -1,5 +1,6 @@
 import BoxkeyCore
 import BoxkeyRadio
+import FoundationEssentials
 import NIOConcurrencyHelpers
 
 /// The phone's half of the presence link: after an accepted login it keeps the link up with
@@ -30,6 +31,8 @@ public final class PresenceLink: Sendable {
         var leave: Bool?  // detach?
         var actions: [(ActionResult.Action, @Sendable (Result<Void, PhoneFailure>?) -> Void)] = []
         var connected = true
+        /// `run` has returned: an action asked for now is answered at once (nil).
+        var ended = false
     }
 
     public init(box: BoxID, link: BoxLink, phone: Phone, radio: PhoneRadio, keepalive: Duration = BoxkeyProtocol.keepaliveInterval,
@@ -53,11 +56,24 @@ public final class PresenceLink: Sendable {
     /// Carries out a lock or logout on the link; `done` is told how it went, or nil if the link
     /// was lost (or is being found again) before it could act: the caller then uses a new link.
     public func act(_ action: ActionResult.Action, done: @escaping @Sendable (Result<Void, PhoneFailure>?) -> Void) {
-        state.withLockedValue { $0.actions.append((action, done)) }
+        let taken = state.withLockedValue { s -> Bool in
+            guard !s.ended else { return false }
+            s.actions.append((action, done))
+            return true
+        }
+        if !taken { done(nil) }
     }
 
     /// Runs until the link ends; returns why.
     public func run() async -> Ending {
+        let ending = await runLink()
+        // Nothing asked for from now on waits for a link that is gone.
+        state.withLockedValue { $0.ended = true }
+        failPending()
+        return ending
+    }
+
+    private func runLink() async -> Ending {
         let clock = MonotonicClock()
         var nextKeepalive = clock.now + keepalive
         while true {
@@ -71,13 +87,16 @@ public final class PresenceLink: Sendable {
             }
             if let (what, done) = action {
                 do {
-                    try await Phone.act(what, on: link, box: box)
+                    try await Phone.act(what, on: link, box: box, keepOnFailure: true)
                     done(.success(()))
+                    failPending()
+                    return .acted
                 } catch {
+                    // Not locked or ended: the link goes on guarding the session (a link lost
+                    // meanwhile is found again below, at the next read).
                     done(.failure(error))
+                    continue
                 }
-                failPending()
-                return .acted
             }
             do {
                 let event = try await link.next(timeout: .milliseconds(200))
@@ -89,14 +108,17 @@ public final class PresenceLink: Sendable {
                 }
             } catch BoxLink.Failure.linkLost(let reason) {
                 state.withLockedValue { $0.connected = false }
-                log("Presence link to box \(box) lost (\(reason)); looking for the box…")
+                let lostAt = Vault.Failure.localTime(Date())
+                log("Presence link to box \(box) lost at \(lostAt) (\(reason)); looking for the box…")
                 switch await reattach() {
                 case .back(let newLink):
                     state.withLockedValue { $0.link = newLink; $0.connected = true }
                     nextKeepalive = clock.now + keepalive
                     log("Back in range: presence link to box \(box) restored.")
                 case .gone:
-                    log("Box \(box) has no session for this phone any more (it was locked or ended).")
+                    // The box acted by its walk-away policy after its grace time: it says only
+                    // that no session is left for this phone, not whether it locked or ended it.
+                    log("Box \(box) has no session for this phone any more: it was locked or ended after the presence link was lost at \(lostAt) (walking away).")
                     failPending()
                     return .sessionGone
                 case .left(let detached):

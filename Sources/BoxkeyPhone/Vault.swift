@@ -76,12 +76,31 @@ public struct Vault {
         /// The attempt could not be counted on disk, so the PIN was not tried.
         case attemptNotRecorded(String)
 
+        /// "4 min 12 s" from now (the vault's clock) until `date`.
+        static func countdown(to date: Date) -> String {
+            let seconds = max(0, Int(date.timeIntervalSince(vaultNow()).rounded(.up)))
+            if seconds >= 3600 { return "\(seconds / 3600) h \(seconds % 3600 / 60) min" }
+            return seconds >= 60 ? "\(seconds / 60) min \(seconds % 60) s" : "\(seconds) s"
+        }
+
+        /// `date` as the person's clock shows it (the local time zone): "14:32:05".
+        static func localTime(_ date: Date) -> String {
+            var t = time_t(date.timeIntervalSince1970.rounded(.up))
+            var parts = tm()
+            localtime_r(&t, &parts)
+            var out = [CChar](repeating: 0, count: 32)
+            let n = strftime(&out, out.count, "%H:%M:%S", &parts)
+            return n > 0 ? String(cString: out) : date.ISO8601Format()
+        }
+
         public var description: String {
             switch self {
             case .noCredentials: tr("no credentials stored: run `boxkey credentials set`")
             case .pinRequired: tr("the vault is protected by a PIN")
             case .wrongPIN(let n): tr.plural("wrong PIN; {n} attempt left before the credentials are wiped", "wrong PIN; {n} attempts left before the credentials are wiped", n, ("n", n))
-            case .lockedOut(let until, let f): tr("{n} wrong PINs: try again after {time}", ("n", f), ("time", until.ISO8601Format()))
+            case .lockedOut(let until, let f):
+                tr("{n} wrong PINs: try again in {wait} (at {time}); {left} tries left before the credentials are wiped",
+                   ("n", f), ("wait", Self.countdown(to: until)), ("time", Self.localTime(until)), ("left", Vault.maxFailures - f))
             case .wiped: tr("the credentials were wiped after {n} wrong PINs: store them again with `boxkey credentials set`", ("n", Vault.maxFailures))
             case .tampered(let why): tr("the vault file was modified outside boxkey ({why}); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)", ("why", why))
             case .noPINEntered: tr("no PIN entered; nothing was tried")
@@ -219,6 +238,8 @@ public struct Vault {
     }
 
     public mutating func store(user: String, password: SecureBytes, pin: SecureBytes?) throws {
+        // A PIN outside the rule could never be entered again (`credentials` refuses it).
+        if let pin, Self.problem(withNewPIN: pin) != nil { throw Failure.notAPIN }
         let held = try lock()
         defer { close(held) }
         // A fresh salt with every new PIN or new credentials.

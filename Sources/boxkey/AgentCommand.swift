@@ -86,8 +86,12 @@ enum AgentCommand {
             // A closed terminal or log pipe must not end the agent.
             signal(SIGPIPE, SIG_IGN)
             if detached { try? PrivateFiles.ensureDirectory(phone.dirs.state) }
+            // Started in the background, the agent's log lines go to its log from the first one:
+            // the terminal that started it shows only the "Agent running" line.
+            let logFD = detached ? open(phone.dirs.agentLog, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600) : -1
             let log: @Sendable (String) -> Void = { line in
-                Terminal.say("\(Date().formatted(.iso8601)) \(line)")
+                let stamped = "\(Date().formatted(.iso8601)) \(line)"
+                if logFD >= 0 { Console.write(logFD, Array((stamped + "\n").utf8)) } else { Terminal.say(stamped) }
             }
             let agent = BoxkeyPhone.Agent(phone: phone, radio: phoneRadio, lifetime: lifetime.duration,
                                           proximity: proximity ? BoxkeyPhone.Agent.Proximity() : nil, log: log)

@@ -12,7 +12,7 @@ extension Boxkey {
             static let configuration = CommandConfiguration(
                 abstract: "Store user and password (the password is read without echo, or from standard input).",
                 discussion: """
-                Piped, standard input is read one line per question, in this order: the user name (only without --user), the password (not with --key-only or --escrow), the current PIN (only when one is set). For example: printf '%s\\n' "$USER" "$PASSWORD" "$PIN" | boxkey credentials set
+                Piped, standard input is read one line per question, in this order: the user name (only without --user), the password (not with --key-only or --escrow), the current PIN (only when one is set). For example, from a file only you can read: boxkey credentials set < answers.txt
                 """)
             @Option(help: "The user name (asked for when missing).") var user: String?
             @Flag(help: "Store no password: log in on this phone's enrolled key alone, at boxes in key mode for you (docs/login-modes.md).")
@@ -34,7 +34,7 @@ extension Boxkey {
                     }
                     let password = keyOnly ? SecureBytes(count: 0)
                         : escrow ? CredentialPush.escrowField(SecureBytes.random(count: CredentialPush.escrowSecretLength))
-                        : Terminal.readSecret(tr("Password: "))
+                        : try Terminal.readSecret(tr("Password: "))
                     guard password.count > 0 || keyOnly else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
                     var pin: SecureBytes?
                     if vault.hasPIN, !vault.isWiped {

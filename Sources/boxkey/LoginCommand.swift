@@ -23,13 +23,14 @@ extension Boxkey {
                 var phone = try Phone.open()
                 let boxID = try phone.boxID(id)
                 try phone.checkReachable(boxID)
+                try Self.refuseIfLoggedIn(phone, boxID, throughAgent: !noAgent)
                 if !noAgent {
                     if background, AgentClient(phone.dirs) == nil {
                         try AgentCommand.Start.spawnAgent(phone: phone, radio: radio, lifetime: AgentCommand.defaultLifetime)
                     }
                     if AgentClient(phone.dirs) != nil {
-                        Self.takePresenceOver(phone, boxID)
                         try loginThroughAgent(phone, boxID)
+                        Self.retireLostHolder(phone, boxID)
                         return
                     }
                 }
@@ -45,7 +46,6 @@ extension Boxkey {
                     let pin = vault.hasPIN ? try Terminal.readPIN() : nil
                     let (user, password): (String, SecureBytes)
                     do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
-                    Self.takePresenceOver(phone, boxID)
                     while result == nil {
                         do {
                             result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
@@ -57,6 +57,7 @@ extension Boxkey {
                     }
                 }
                 let (report, link) = result!
+                Self.retireLostHolder(phone, boxID)
                 Terminal.clearProgress()
                 Terminal.say(report.sentence)
                 if stats, let air = report.airSentence { Terminal.say(air) }
@@ -78,33 +79,38 @@ extension Boxkey {
                     return source
                 }
                 // `boxkey lock`, `logout` and `status` from other shells come through this process.
-                let dirs = phone.dirs
-                let (answers, answered) = AsyncStream<Void>.makeStream()
-                let holder = Task {
-                    try await PresenceHolder.serve(presence, dirs: dirs, say: { Terminal.say($0) }, answered: { answered.yield() })
+                let holder: PresenceHolder?
+                do { holder = try await PresenceHolder.start(presence, dirs: phone.dirs, say: { Terminal.say($0) }) } catch {
+                    holder = nil
+                    Terminal.warn(tr("boxkey: `boxkey lock` and `boxkey logout` cannot reach this login ({why}); they will use a link of their own, which ends this presence link", ("why", "\(error)")))
                 }
                 let ending = await presence.run()
-                if ending == .acted {
-                    // The lock or logout that ended the link was asked from another shell: its
-                    // answer goes out before this process ends (2 s at most).
-                    await withTaskGroup(of: Void.self) { group in
-                        group.addTask { for await _ in answers { return } }
-                        group.addTask { try? await Task.sleep(for: .seconds(2)) }
-                        await group.next()
-                        group.cancelAll()
-                    }
-                }
-                holder.cancel()
-                _ = await holder.result
+                // A lock or logout asked from another shell ended the link: its answer is out
+                // before this process ends.
+                await holder?.finish()
                 signals.forEach { $0.cancel() }
-                if ending == .left(detached: false) { Terminal.say(tr("Left box {box}.", ("box", boxID))) }
+                if ending == .left(detached: false) {
+                    Terminal.say(tr("Left box {box}: that is walking away, so the box locks your session (or ends it, as its admin set it) unless this phone is back within its grace time ([presence] grace_s, 5 s unless set otherwise).", ("box", boxID)))
+                }
             }
         }
 
-        /// A `boxkey login` in the foreground holding this box's presence link hands it over (it
-        /// leaves without a walk-away): two links from one phone would push each other aside
-        /// at the box. Asked only once this login can go ahead (the vault opened).
-        static func takePresenceOver(_ phone: Phone, _ boxID: BoxID) {
+        /// A live presence link to the box means this phone's session there is open: a new
+        /// login has nothing to do, and its link would push the presence link aside.
+        static func refuseIfLoggedIn(_ phone: Phone, _ boxID: BoxID, throughAgent: Bool) throws {
+            if let held = PresenceHolder.status(phone.dirs, box: boxID), held.connected {
+                throw PhoneFailure(.failure, tr("you are logged in on box {box}: boxkey login (pid {pid}) holds its presence link. Use `boxkey lock` or `boxkey logout`, or end that login (Ctrl-C there) first.", ("box", boxID), ("pid", held.pid)))
+            }
+            // The agent replaces a presence link of its own; a login beside it would not.
+            if !throughAgent, let agent = AgentCommand.runningStatus(phone.dirs), let p = agent.presence, p.box == boxID.description, p.connected {
+                throw PhoneFailure(.failure, tr("you are logged in on box {box}: the agent (pid {pid}) holds its presence link. Use `boxkey lock` or `boxkey logout` first.", ("box", boxID), ("pid", agent.pid)))
+            }
+        }
+
+        /// After this login was accepted: a foreground login whose presence link to the box was
+        /// lost (and is looking for it) stops looking, without a walk-away; finding the box again
+        /// it would push this login's link aside.
+        static func retireLostHolder(_ phone: Phone, _ boxID: BoxID) {
             if let holder = PresenceHolder.client(phone.dirs, box: boxID) {
                 _ = try? holder.send(.stop, timeout: .seconds(5))
             }
@@ -173,9 +179,12 @@ extension Boxkey {
 func sessionAction(_ action: ActionResult.Action, id: BoxID?, radio: RadioOptions) async throws -> String {
     let dirs = PhoneDirectories()
     // A `boxkey login` in the foreground holding the presence link to the box: over that link
-    // (a link of this process's own would push it aside at the box).
+    // (a link of this process's own would push it aside at the box). A holder that does not
+    // answer in 20 s (stopped, or the link lost meanwhile) counts as none.
     if let box = id ?? (try? Phone.open(dirs))?.boxes.defaultBox, let holder = PresenceHolder.client(dirs, box: box),
-       case .result(let outcome, let message, _) = try holder.send(.act(action, box: box)), outcome != .agentUnavailable {
+       case .result(let outcome, let message, _)? = try? holder.send(.act(action, box: box), timeout: .seconds(20)), outcome != .agentUnavailable {
+        // A lock means the person is leaving: an agent drops the credentials it holds too.
+        if action == .lock, let agent = AgentClient(dirs) { _ = try? agent.send(.forget, timeout: .seconds(10)) }
         guard outcome == .success else { throw PhoneFailure(outcome, message) }
         return message
     }

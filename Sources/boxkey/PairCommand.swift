@@ -15,13 +15,18 @@ extension Boxkey {
         @Flag(help: "Replace a key pinned earlier for this box ID (a reinstalled box).") var replace = false
         @OptionGroup var radio: RadioOptions
 
+        static var notACode: PhoneFailure {
+            PhoneFailure(.usage, tr("a pairing code is {n} digits, as the box shows it; nothing was sent", ("n", PairingCode.digits)))
+        }
+
         func validate() throws {
-            if let code, PairingCode(code) == nil { throw ValidationError("a pairing code is \(PairingCode.digits) digits") }
             if let boxKey, unhex(boxKey).flatMap({ try? PublicKey($0) }) == nil { throw ValidationError("--box-key takes 64 hex digits") }
         }
 
         func run() async throws {
             try await Terminal.run {
+                // A mistyped code is a slip, not a misuse of the command: the reason, no usage banner.
+                if let code, PairingCode(code) == nil { throw Self.notACode }
                 var phone = try Phone.open()
                 if let boxKey, let key = unhex(boxKey).flatMap({ try? PublicKey($0) }) {
                     try phone.pin(id, key: key, replace: replace)
@@ -35,7 +40,7 @@ extension Boxkey {
                     Console.error("Pairing code shown on box \(id): ")
                     return Terminal.readAnswer() ?? ""
                 }()
-                guard let pairingCode = PairingCode(typed) else { throw ValidationError("a pairing code is \(PairingCode.digits) digits") }
+                guard let pairingCode = PairingCode(typed) else { throw Self.notACode }
                 let phoneRadio = try await radio.open(phone)
                 defer { phoneRadio.shutdown() }
                 let key = try await phone.pair(id, code: pairingCode, replace: replace, radio: phoneRadio.central,

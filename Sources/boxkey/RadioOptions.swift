@@ -15,8 +15,8 @@ struct RadioOptions: ParsableArguments {
     @Option(help: "Simulated radio: the directory shared with the box (default $BOXKEY_SIM_DIR or /tmp/boxkey-sim).")
     var simDirectory: String?
 
-    @Option(help: "Simulated radio: this device's distance from the box's origin, in metres.")
-    var simPosition = 1.0
+    @Option(help: "Simulated radio: this device's distance from the box's origin, in metres (default: where the last `boxkey sim move` put it, else 1).")
+    var simPosition: Double?
 
     func validate() throws {
         // A misspelt BOXKEY_RADIO must not quietly mean BlueZ.
@@ -37,6 +37,6 @@ struct RadioOptions: ParsableArguments {
     /// The same options, to pass to a child process (`agent start`).
     var arguments: [String] {
         ["--radio", radio.rawValue] + (adapter.map { ["--adapter", $0] } ?? []) + (simDirectory.map { ["--sim-directory", $0] } ?? [])
-            + ["--sim-position", String(simPosition)]
+            + (simPosition.map { ["--sim-position", String($0)] } ?? [])
     }
 }

@@ -3,15 +3,19 @@ import BoxkeyCore
 import BoxkeyPhone
 import BoxkeyRadio
 import BoxkeyHost
+import Dispatch
 import FoundationEssentials
 import Glibc
+import Synchronization
 
 extension Boxkey {
     struct Scan: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "List nearby boxes live: ID, signal strength, paired or not.",
-            discussion: "On a terminal the list redraws as advertisements arrive, with a progress line; piped, it prints one plain line per box as it is first heard (with --json, one object per advertisement).")
+            discussion: "On a terminal the list redraws as advertisements arrive, with a progress line; piped, it prints one plain line per box as it is first heard (with --json, one object per advertisement). With --watch it goes on until Ctrl-C, as a phone's list of nearby boxes does.")
         @Option(help: "How long to scan, in seconds.") var seconds = 4.0
+        @Flag(help: "Keep scanning until Ctrl-C: boxes appear, change (a login prompt waiting, the signal by 5 dB or more) and leave (not heard for 5 s). Piped, one line per change; with --json, one object per change with a \"change\" key (new, changed, gone).")
+        var watch = false
         @Flag(help: "One JSON object per advertisement heard, per line.") var json = false
         @Option(help: "Stop as soon as this box is found (exit 3 if it is not).") var id: BoxID?
         @OptionGroup var radio: RadioOptions
@@ -22,9 +26,75 @@ extension Boxkey {
                 let phoneRadio = try await radio.open(phone)
                 defer { phoneRadio.shutdown() }
                 let live = isatty(1) == 1 && !json
+                if watch {
+                    await watchNearby(phoneRadio, boxes: phone.boxes, live: live)
+                    return
+                }
                 let (found, count) = await scan(phoneRadio.central, boxes: phone.boxes, live: live)
                 if id != nil, !found { throw PhoneFailure(.notFound, "box \(id!) not found nearby") }
                 if count == 0, !json, !live { Terminal.say("no boxes found") }
+            }
+        }
+
+        /// Boxes not heard for this long leave the watched list.
+        static let goneAfter: Duration = .seconds(5)
+
+        /// `--watch`: the list of nearby boxes, kept up to date until Ctrl-C or SIGTERM.
+        private func watchNearby(_ radio: PhoneRadio, boxes: PairedBoxes, live: Bool) async {
+            let central = radio.central
+            let clock = MonotonicClock()
+            final class Watched: Sendable {
+                let table: Mutex<ScanTable>
+                init(_ t: ScanTable) { table = Mutex(t) }
+            }
+            let watched = Watched(ScanTable(boxes: boxes))
+            let results = central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: true))
+            let json = json
+            let (stops, stop) = AsyncStream<Void>.makeStream()
+            let sources = [SIGINT, SIGTERM].map { sig in
+                signal(sig, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: sig)
+                source.setEventHandler { stop.yield() }
+                source.resume()
+                return source
+            }
+            defer { sources.forEach { $0.cancel() } }
+            @Sendable func report(_ row: ScanTable.Row, _ change: ScanTable.Change) {
+                if json { Terminal.say(ScanTable.json(row, change: change)) } else if !live { Terminal.say("\(change.rawValue): \(row.line)") }
+            }
+            @Sendable func draw(_ t: inout ScanTable) {
+                guard live else { return }
+                let n = t.rows.count
+                Console.out(t.redraw(status: "\(n) box\(n == 1 ? "" : "es") nearby · watching, Ctrl-C stops"))
+            }
+            watched.table.withLock { draw(&$0) }
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { for await _ in stops { return } }
+                group.addTask {
+                    do {
+                        for try await r in results {
+                            watched.table.withLock { t in
+                                guard let (row, change) = t.watch(r, at: clock.now) else { return }
+                                report(row, change)
+                                draw(&t)
+                            }
+                        }
+                    } catch {}
+                    // The radio ended the scan (the adapter went away): nothing more to watch.
+                }
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: .milliseconds(500))
+                        // Simulated radio: the phone walks where `boxkey sim move` says.
+                        radio.followSimMove(log: { _ in })
+                        watched.table.withLock { t in
+                            for row in t.expire(at: clock.now, after: Self.goneAfter) { report(row, .gone) }
+                            draw(&t)
+                        }
+                    }
+                }
+                await group.next()
+                group.cancelAll()
             }
         }
 

@@ -60,8 +60,8 @@ enum Terminal {
 
     /// Reads a secret: without echo on a terminal, else one line of standard input. Never nil:
     /// nothing entered is an empty secret (which the vault does not count as an attempt).
-    static func readSecret(_ prompt: String) -> SecureBytes {
-        guard isatty(0) == 1 else { return readLineSecure() }
+    static func readSecret(_ prompt: String) throws(PhoneFailure) -> SecureBytes {
+        guard isatty(0) == 1 else { return try readLineSecure() }
         Console.error(prompt)
         var old = termios()
         tcgetattr(0, &old)
@@ -69,7 +69,7 @@ enum Terminal {
         quiet.c_lflag &= ~tcflag_t(ECHO)
         tcsetattr(0, TCSAFLUSH, &quiet)
         defer { tcsetattr(0, TCSAFLUSH, &old); Console.error("\n") }
-        return readLineSecure()
+        return try readLineSecure()
     }
 
     /// A PIN for the vault; nothing entered cancels (exit 16) without an attempt, and so does
@@ -77,7 +77,7 @@ enum Terminal {
     /// meant for another question, never counts toward the wipe.
     static func readPIN(_ prompt: String? = nil) throws -> SecureBytes {
         for _ in 0..<3 {
-            let pin = readSecret(prompt ?? tr("PIN: "))
+            let pin = try readSecret(prompt ?? tr("PIN: "))
             guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was tried")) }
             guard Vault.problem(withNewPIN: pin) != nil else { return pin }
             guard isatty(0) == 1 else { break }
@@ -88,10 +88,10 @@ enum Terminal {
 
     /// A new PIN, asked twice: a typo would otherwise set a PIN nobody knows.
     static func readNewPIN() throws -> SecureBytes {
-        let pin = readSecret(tr("New PIN: "))
+        let pin = try readSecret(tr("New PIN: "))
         guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was changed")) }
         if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
-        let again = readSecret(tr("New PIN again: "))
+        let again = try readSecret(tr("New PIN again: "))
         guard again.isEqual(to: pin) else { throw PhoneFailure(.cancelled, tr("the two PINs differ; nothing was changed")) }
         return pin
     }
@@ -112,16 +112,23 @@ enum Terminal {
         return any ? String(decoding: bytes, as: UTF8.self) : nil
     }
 
-    /// One line of standard input into secure memory, without a String copy of it.
-    private static func readLineSecure() -> SecureBytes {
+    /// One line of standard input into secure memory, without a String copy of it. A line
+    /// longer than a password may be is read to its end and refused: cut short, its rest would
+    /// become the answer to the next question (a piped PIN).
+    private static func readLineSecure() throws(PhoneFailure) -> SecureBytes {
         var bytes: [UInt8] = []
         defer { secureZero(&bytes) }
-        bytes.reserveCapacity(600)
+        bytes.reserveCapacity(CredentialPush.maxPasswordLength + 1)
         var c: UInt8 = 0
+        var tooLong = false
         while read(0, &c, 1) == 1 {
             if c == 10 { break }
-            if c != 13 { bytes.append(c) }
-            if bytes.count > CredentialPush.maxPasswordLength { break }
+            if c == 13 { continue }
+            if bytes.count < CredentialPush.maxPasswordLength { bytes.append(c) } else { tooLong = true }
+        }
+        c = 0
+        guard !tooLong else {
+            throw PhoneFailure(.failure, tr("that line is longer than {n} bytes; nothing was stored or tried", ("n", CredentialPush.maxPasswordLength)))
         }
         return SecureBytes(copying: bytes)
     }

@@ -235,6 +235,12 @@ class Logind:
             # Properties.Set, not the Mock's UpdateProperties: that cannot signal a struct (Seat).
             session.Set("org.freedesktop.login1.Session", name, value, dbus_interface=dbus.PROPERTIES_IFACE)
 
+    def without_locker(self, id):
+        """Session `id` becomes a text console's (Type tty): LockSession no longer sets its
+        LockedHint."""
+        session = self.connection.get_object(self.BUS_NAME, f"{self.PATH}/session/{id}")
+        session.Set("org.freedesktop.login1.Session", "Type", "tty", dbus_interface=dbus.PROPERTIES_IFACE)
+
     def calls(self):
         return open(self.log).read() if os.path.exists(self.log) else ""
 

@@ -4,6 +4,7 @@ import difflib
 import json
 import os
 import shutil
+import signal
 import re
 import resource
 import socket
@@ -259,6 +260,50 @@ def test_piped_credentials_set_reads_one_line_per_question(world):
     greeter = world.greeter()
     r = world.phone("login", "--no-stay", stdin=PIN + "\n")
     assert r.returncode == 0 and world.finish(greeter)[0] == 0, r.stdout + r.stderr
+
+
+def test_sim_move_is_seen_by_every_later_command(world):
+    """The simulated radio: where `boxkey sim move` put the phone, a later scan and login start."""
+    world.start_box()
+    world.pair_and_store()
+    world.greeter()
+    assert world.phone("sim", "move", "45").returncode == 0
+    r = world.phone("scan", "--json", "--seconds", "2")
+    assert r.returncode == 0 and not [json.loads(line) for line in r.stdout.splitlines()], r.stdout
+    r = world.phone("login", "--no-stay")  # looks for 10 s
+    assert r.returncode == 3 and "not found" in r.stderr, r.stdout + r.stderr
+    assert world.phone("sim", "move", "1").returncode == 0
+    r = world.phone("scan", "--json", "--seconds", "2")
+    assert {row["id"] for row in map(json.loads, r.stdout.splitlines())} == {"4821"}, r.stdout
+    # --sim-position still wins.
+    r = world.phone("scan", "--json", "--seconds", "2", "--sim-position", "45")
+    assert r.stdout.strip() == "", r.stdout
+
+
+def test_scan_watch_keeps_the_list_of_nearby_boxes_up_to_date(world):
+    """As a phone app's list of nearby boxes: a box appears, its prompt stops waiting, it leaves
+    when the phone walks off; one JSON line per change, until Ctrl-C (exit 0)."""
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter()
+    watch = world.phone_background("scan", "--watch", "--json")
+
+    def changes():
+        return [json.loads(line) for line in open(watch.log).read().splitlines() if line.startswith("{")]
+
+    wait_for(lambda: any(c["change"] == "new" for c in changes()), timeout=10, what="the box in the list")
+    first = changes()[0]
+    assert first["id"] == "4821" and first["paired"] is True and first["loginPrompt"] is True, first
+    world.finish(greeter)
+    wait_for(lambda: any(c["change"] == "changed" and c["loginPrompt"] is False for c in changes()), timeout=10,
+             what="the prompt no longer waiting")
+    world.phone("sim", "move", "45")
+    wait_for(lambda: changes()[-1]["change"] == "gone", timeout=15, what="the box gone from the list")
+    quiet = len(changes())
+    time.sleep(1.5)
+    assert len(changes()) == quiet, "lines without a change"
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(10) == 0
 
 
 STATUS_KEYS = {"phoneKey", "fingerprint", "vault", "agent", "presence", "loggedIn", "boxes"}
@@ -540,6 +585,25 @@ def test_lock_and_logout_through_the_agent_holding_the_presence_link(world, agen
     assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
     wait_for(lambda: call in world.logind.calls(), what=call)
     wait_for(lambda: not agents.status().get("presence"), what="the agent's presence link to end")
+
+
+def test_lock_through_a_foreground_login_makes_the_agent_drop_the_credentials(world, agents):
+    """`boxkey lock` means the person is leaving: when the presence link is a foreground
+    login's, an agent running beside it still drops what it holds."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    # The foreground login below reads no PIN from its standard input.
+    assert world.phone("pin", "clear", stdin=PIN + "\n").returncode == 0
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.phone_background("login", "--no-agent")
+    wait_for(lambda: "Staying connected" in open(holder.log).read() or holder.poll() is not None, what="presence link")
+    assert holder.poll() is None, open(holder.log).read()
+    assert world.finish(greeter)[0] == 0
+    r = world.phone("lock")
+    assert r.returncode == 0 and "Locked your session on box 4821" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: 'LockSession "42"' in world.logind.calls(), what="LockSession")
+    assert agents.status()["credentialsHeld"] is False
+    assert holder.wait(15) == 0
 
 
 def test_suspend_drops_the_credentials(world, agents):
