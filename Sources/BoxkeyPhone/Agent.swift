@@ -326,13 +326,18 @@ public actor Agent {
 
     private func statusText() -> String {
         let s = status()
-        var lines = ["agent:       running (pid \(s.pid))"]
-        if let user = s.user, let left = s.expiresInSeconds {
-            lines.append("credentials: held for \(user), \(left / 60) min \(left % 60) s left")
-        } else {
-            lines.append("credentials: not held (the next login asks for the PIN)")
+        func line(_ label: String, _ text: String) -> String {
+            label.count >= 13 ? label + " " + text : label + String(repeating: " ", count: 13 - label.count) + text
         }
-        if let p = s.presence { lines.append("presence:    box \(p.box), \(p.connected ? "connected" : "looking for the box")") }
+        var lines = [line(tr("agent:"), tr("running (pid {pid})", ("pid", s.pid)))]
+        if let user = s.user, let left = s.expiresInSeconds {
+            lines.append(line(tr("credentials:"), tr("held for {user}, {minutes} min {seconds} s left", ("user", user), ("minutes", left / 60), ("seconds", left % 60))))
+        } else {
+            lines.append(line(tr("credentials:"), tr("not held (the next login asks for the PIN)")))
+        }
+        if let p = s.presence {
+            lines.append(line(tr("presence:"), p.connected ? tr("box {box}, connected", ("box", p.box)) : tr("box {box}, looking for the box", ("box", p.box))))
+        }
         return lines.joined(separator: "\n")
     }
 

@@ -50,7 +50,7 @@ enum AgentCommand {
                 let phone = try Phone.open()
                 if let client = AgentClient(phone.dirs), case .result(.success, _, let details) = try client.send(.status),
                    let status = try? JSONDecoder().decode(AgentStatus.self, from: Data(details.utf8)) {
-                    Terminal.say("An agent is already running (pid \(status.pid)).")
+                    Terminal.say(tr("An agent is already running (pid {pid}).", ("pid", status.pid)))
                     return
                 }
                 if !foreground, !detachedChild {
@@ -128,7 +128,7 @@ enum AgentCommand {
                 guard let client = AgentClient(PhoneDirectories()) else {
                     // JSON in every state: `{"running": false}`, and the exit code says the same.
                     if json { Terminal.say(#"{"running":false}"#) }
-                    throw PhoneFailure(.agentUnavailable, "no agent is running (boxkey agent start)")
+                    throw PhoneFailure(.agentUnavailable, tr("no agent is running (boxkey agent start)"))
                 }
                 guard case .result(.success, let message, let details) = try client.send(.status) else {
                     throw PhoneFailure(.failure, "the agent did not answer the status request")
@@ -171,7 +171,7 @@ enum AgentCommand {
 
     static func simple(_ request: AgentRequest) async throws {
         try await Terminal.run {
-            guard let client = AgentClient(PhoneDirectories()) else { throw PhoneFailure(.agentUnavailable, "no agent is running") }
+            guard let client = AgentClient(PhoneDirectories()) else { throw PhoneFailure(.agentUnavailable, tr("no agent is running (boxkey agent start)")) }
             guard case .result(let outcome, let message, _) = try client.send(request) else { throw PhoneFailure(.failure, "unexpected answer from the agent") }
             guard outcome == .success else { throw PhoneFailure(outcome, message) }
             Terminal.say(message)

@@ -26,11 +26,11 @@ extension Boxkey {
                     var vault = try phone.vault()
                     let name: String
                     if let user { name = user } else {
-                        Console.error("User: ")
+                        Console.error(tr("User: "))
                         name = Terminal.readAnswer()?.trimmed ?? ""
                     }
                     guard !name.isEmpty, name.utf8.count <= CredentialPush.maxUserLength else {
-                        throw PhoneFailure(.failure, "a user name of 1 to \(CredentialPush.maxUserLength) bytes is needed")
+                        throw PhoneFailure(.failure, tr("a user name of 1 to {n} bytes is needed", ("n", CredentialPush.maxUserLength)))
                     }
                     let password = keyOnly ? SecureBytes(count: 0)
                         : escrow ? CredentialPush.escrowField(SecureBytes.random(count: CredentialPush.escrowSecretLength))
@@ -177,17 +177,18 @@ struct VaultReport: Encodable {
     var sentence: String {
         switch credentials {
         case "stored":
-            let what = switch kind {
-            case "key"?: " (no password: key logins only)"
-            case "escrow"?: " (an escrow secret)"
-            case "password"?: " (a password)"
-            default: ""
+            var text = switch (user, kind) {
+            case (let u?, "key"?): tr("stored for {user} (no password: key logins only)", ("user", u))
+            case (let u?, "escrow"?): tr("stored for {user} (an escrow secret)", ("user", u))
+            case (let u?, _): tr("stored for {user} (a password)", ("user", u))
+            case (nil, _): tr("stored")
             }
-            let whose = user.map { " for \($0)\(what)" } ?? (pin ? " (the user is sealed behind the PIN)" : "")
-            return "stored\(whose)\(pin ? ", behind a PIN" : "")\(failures > 0 ? ", \(failures) wrong PIN\(failures == 1 ? "" : "s")" : "")"
-        case "wiped": return "wiped after \(Vault.maxFailures) wrong PINs"
-        case "unusable": return "unusable: \(problem ?? "?") (boxkey credentials clear --force removes it)"
-        default: return "none stored"
+            if pin { text += user == nil ? tr(", behind a PIN (which keeps the user sealed too)") : tr(", behind a PIN") }
+            if failures > 0 { text += tr.plural(", {n} wrong PIN", ", {n} wrong PINs", failures, ("n", failures)) }
+            return text
+        case "wiped": return tr("wiped after {n} wrong PINs", ("n", Vault.maxFailures))
+        case "unusable": return tr("unusable: {why} (boxkey credentials clear --force removes it)", ("why", problem ?? "?"))
+        default: return tr("none stored")
         }
     }
 }

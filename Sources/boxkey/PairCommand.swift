@@ -37,7 +37,7 @@ extension Boxkey {
                     throw PhoneFailure(.failure, tr("box {box} is already paired; use --replace to pair again (a reinstalled box)", ("box", id)))
                 }
                 let typed = code ?? {
-                    Console.error("Pairing code shown on box \(id): ")
+                    Console.error(tr("Pairing code shown on box {box}: ", ("box", id)))
                     return Terminal.readAnswer() ?? ""
                 }()
                 guard let pairingCode = PairingCode(typed) else { throw Self.notACode }

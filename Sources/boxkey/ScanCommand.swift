@@ -31,8 +31,8 @@ extension Boxkey {
                     return
                 }
                 let (found, count) = await scan(phoneRadio.central, boxes: phone.boxes, live: live)
-                if id != nil, !found { throw PhoneFailure(.notFound, "box \(id!) not found nearby") }
-                if count == 0, !json, !live { Terminal.say("no boxes found") }
+                if let id, !found { throw PhoneFailure(.notFound, tr("box {box} not found nearby", ("box", id))) }
+                if count == 0, !json, !live { Terminal.say(tr("no boxes found")) }
             }
         }
 

@@ -72,30 +72,51 @@ extension Boxkey {
                     boxes: phone.boxes.boxes.map { .init(id: $0.id, fingerprint: $0.fingerprint, key: $0.key,
                                                          isDefault: $0.id == phone.boxes.defaultBox?.description, address: $0.address) })
                 if json { Terminal.say(Terminal.json(report)); return }
-                Terminal.say("phone key:   \(report.phoneKey)")
-                Terminal.say("fingerprint: \(report.fingerprint)")
-                Terminal.say("credentials: \(report.vault.sentence)")
+                // Labels and sentences through the catalog; the values (keys, IDs, pids) as they are.
+                var rows: [(label: String, text: String)] = []
+                func line(_ label: String, _ text: String) { rows.append((label, text)) }
+                defer {
+                    // One column for the values, as wide as the longest label (translated ones too).
+                    let width = max(13, (rows.map(\.label.count).max() ?? 0) + 1)
+                    for r in rows { Terminal.say(r.label.padding(width) + r.text) }
+                }
+                line(tr("phone key:"), report.phoneKey)
+                line(tr("fingerprint:"), report.fingerprint)
+                line(tr("credentials:"), report.vault.sentence)
                 if let p = presence {
-                    let who = p.holder == "agent" ? "the agent" : "boxkey login"
-                    Terminal.say(p.connected ? "session:     logged in on box \(p.box) (presence link held by \(who), pid \(p.pid))"
-                                             : "session:     presence link to box \(p.box) lost; \(who) (pid \(p.pid)) is looking for the box")
+                    let text = switch (p.holder == "agent", p.connected) {
+                    case (true, true): tr("logged in on box {box} (presence link held by the agent, pid {pid})", ("box", p.box), ("pid", p.pid))
+                    case (false, true): tr("logged in on box {box} (presence link held by boxkey login, pid {pid})", ("box", p.box), ("pid", p.pid))
+                    case (true, false): tr("presence link to box {box} lost; the agent (pid {pid}) is looking for the box", ("box", p.box), ("pid", p.pid))
+                    case (false, false): tr("presence link to box {box} lost; boxkey login (pid {pid}) is looking for the box", ("box", p.box), ("pid", p.pid))
+                    }
+                    line(tr("session:"), text)
                 } else {
-                    Terminal.say("session:     no presence link (whether you are logged in is not known here)")
+                    line(tr("session:"), tr("no presence link (whether you are logged in is not known here)"))
                 }
                 if let a = agent {
-                    let mode = switch a.mode.flatMap(CredentialPush.Kind.init) {
-                    case .password?: " (a password)"
-                    case .key?: " (no password: key mode)"
-                    case .escrow?: " (an escrow secret)"
-                    case nil: ""
+                    var parts = [a.credentialsHeld ? tr("pid {pid}, holding credentials for {user}", ("pid", a.pid), ("user", a.user ?? "?"))
+                                                   : tr("pid {pid}, credentials not held", ("pid", a.pid))]
+                    switch a.mode.flatMap(CredentialPush.Kind.init) {
+                    case .password?: parts[0] += tr(" (a password)")
+                    case .key?: parts[0] += tr(" (no password: key mode)")
+                    case .escrow?: parts[0] += tr(" (an escrow secret)")
+                    case nil: break
                     }
-                    let proximity = a.proximity == true ? (a.proximityOpen == true ? ", proximity login on" : ", proximity login on (its 30 min after the PIN are over)") : ""
-                    Terminal.say("agent:       pid \(a.pid), \(a.credentialsHeld ? "holding credentials for \(a.user ?? "?")\(mode)" : "credentials not held")\(a.presence.map { ", presence link to box \($0.box)\($0.connected ? "" : " (looking for it)")" } ?? "")\(proximity)")
+                    if let p = a.presence {
+                        parts.append(p.connected ? tr("presence link to box {box}", ("box", p.box)) : tr("presence link to box {box} (looking for it)", ("box", p.box)))
+                    }
+                    if a.proximity == true {
+                        parts.append(a.proximityOpen == true ? tr("proximity login on") : tr("proximity login on (its 30 min after the PIN are over)"))
+                    }
+                    line(tr("agent:"), parts.joined(separator: ", "))
                 } else {
-                    Terminal.say("agent:       not running")
+                    line(tr("agent:"), tr("not running"))
                 }
-                if report.boxes.isEmpty { Terminal.say("boxes:       none paired") }
-                for b in report.boxes { Terminal.say("box \(b.id):    key \(b.fingerprint)\(b.isDefault ? " (default)" : "")") }
+                if report.boxes.isEmpty { line(tr("boxes:"), tr("none paired")) }
+                for b in report.boxes {
+                    line(tr("box {box}:", ("box", b.id)), b.isDefault ? tr("key {fingerprint} (default)", ("fingerprint", b.fingerprint)) : tr("key {fingerprint}", ("fingerprint", b.fingerprint)))
+                }
             }
         }
     }
@@ -112,9 +133,17 @@ extension Boxkey {
                     let phone = try Phone.open()
                     SimMoves(directory: simDirectory ?? ProcessInfo.processInfo.environment["BOXKEY_SIM_DIR"] ?? "/tmp/boxkey-sim",
                              address: phone.identity.simulatedAddress).post(to: metres, over: over)
-                    Terminal.say("Moving to \(metres) m over \(over) s.")
+                    Terminal.say(tr("Moving to {metres} m over {seconds} s.", ("metres", metres), ("seconds", over)))
                 }
             }
         }
+    }
+}
+
+extension String {
+    /// Padded with spaces to `width` characters (a label column; characters, not bytes, so a
+    /// translated label lines up too).
+    func padding(_ width: Int) -> String {
+        count >= width ? self + " " : self + String(repeating: " ", count: width - count)
     }
 }
