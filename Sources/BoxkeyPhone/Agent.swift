@@ -326,9 +326,7 @@ public actor Agent {
 
     private func statusText() -> String {
         let s = status()
-        func line(_ label: String, _ text: String) -> String {
-            label.count >= 13 ? label + " " + text : label + String(repeating: " ", count: 13 - label.count) + text
-        }
+        func line(_ label: String, _ text: String) -> String { label.padding(13) + text }
         var lines = [line(tr("agent:"), tr("running (pid {pid})", ("pid", s.pid)))]
         if let user = s.user, let left = s.expiresInSeconds {
             lines.append(line(tr("credentials:"), tr("held for {user}, {minutes} min {seconds} s left", ("user", user), ("minutes", left / 60), ("seconds", left % 60))))

@@ -108,7 +108,7 @@ public final class PresenceLink: Sendable {
                 }
             } catch BoxLink.Failure.linkLost(let reason) {
                 state.withLockedValue { $0.connected = false }
-                let lostAt = Vault.Failure.localTime(Date())
+                let lostAt = localClockTime(Date())
                 log("Presence link to box \(box) lost at \(lostAt) (\(reason)); looking for the box…")
                 switch await reattach() {
                 case .back(let newLink):

@@ -44,7 +44,6 @@ public struct ScanTable: Sendable {
     /// Adds a scan result, for `--watch`: the row and its change, or nil when nothing a person
     /// would notice changed (the same box, a few dB either way).
     public mutating func watch(_ result: ScanResult, at now: Duration) -> (row: Row, change: Change)? {
-        guard result.boxAdvertisement != nil else { return nil }
         let before = rows[result.address.string]
         guard let (row, isNew) = add(result, at: now) else { return nil }
         if isNew { return (row, .new) }
@@ -90,14 +89,14 @@ public struct ScanTable: Sendable {
                 try c.encode(change.rawValue, forKey: .change)
             }
         }
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(Line(row: row, change: change))) ?? Data(), as: UTF8.self)
+        return encoded(Line(row: row, change: change))
     }
 
-    public static func json(_ row: Row) -> String {
+    public static func json(_ row: Row) -> String { encoded(row) }
+
+    private static func encoded(_ value: some Encodable) -> String {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(row)) ?? Data(), as: UTF8.self)
+        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
     }
 }

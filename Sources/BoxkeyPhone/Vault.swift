@@ -83,16 +83,6 @@ public struct Vault {
             return seconds >= 60 ? "\(seconds / 60) min \(seconds % 60) s" : "\(seconds) s"
         }
 
-        /// `date` as the person's clock shows it (the local time zone): "14:32:05".
-        static func localTime(_ date: Date) -> String {
-            var t = time_t(date.timeIntervalSince1970.rounded(.up))
-            var parts = tm()
-            localtime_r(&t, &parts)
-            var out = [CChar](repeating: 0, count: 32)
-            let n = strftime(&out, out.count, "%H:%M:%S", &parts)
-            return n > 0 ? String(cString: out) : date.ISO8601Format()
-        }
-
         public var description: String {
             switch self {
             case .noCredentials: tr("no credentials stored: run `boxkey credentials set`")
@@ -100,7 +90,7 @@ public struct Vault {
             case .wrongPIN(let n): tr.plural("wrong PIN; {n} attempt left before the credentials are wiped", "wrong PIN; {n} attempts left before the credentials are wiped", n, ("n", n))
             case .lockedOut(let until, let f):
                 tr("{n} wrong PINs: try again in {wait} (at {time}); {left} tries left before the credentials are wiped",
-                   ("n", f), ("wait", Self.countdown(to: until)), ("time", Self.localTime(until)), ("left", Vault.maxFailures - f))
+                   ("n", f), ("wait", Self.countdown(to: until)), ("time", localClockTime(until)), ("left", Vault.maxFailures - f))
             case .wiped: tr("the credentials were wiped after {n} wrong PINs: store them again with `boxkey credentials set`", ("n", Vault.maxFailures))
             case .tampered(let why): tr("the vault file was modified outside boxkey ({why}); refusing to use it. To start over, `boxkey credentials clear --force` removes it (nothing in it is revealed)", ("why", why))
             case .noPINEntered: tr("no PIN entered; nothing was tried")

@@ -102,13 +102,7 @@ enum AgentCommand {
             }
             let server = try AgentServer(agent: agent, dirs: phone.dirs, log: log)
             let lifetimeText = lifetime.text
-            let signals = [SIGINT, SIGTERM, SIGHUP].map { sig in
-                signal(sig, SIG_IGN)
-                let source = DispatchSource.makeSignalSource(signal: sig)
-                source.setEventHandler { Task { await server.stop() } }
-                source.resume()
-                return source
-            }
+            let signals = Terminal.onSignals([SIGINT, SIGTERM, SIGHUP]) { Task { await server.stop() } }
             defer { signals.forEach { $0.cancel() } }
             try await server.run(ready: {
                 Terminal.say("Agent running (pid \(getpid())), credentials held for \(lifetimeText)\(proximity ? "; proximity login on" : "").")

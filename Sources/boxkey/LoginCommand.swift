@@ -71,13 +71,7 @@ extension Boxkey {
                 let presence = PresenceLink(box: boxID, link: link, phone: phone, radio: phoneRadio,
                                             keepalive: .milliseconds(Int(keepalive * 1000)), log: { Terminal.say($0) })
                 // Ctrl-C: leaving is walking away, so the box acts by its policy.
-                let signals = [SIGINT, SIGTERM].map { sig in
-                    signal(sig, SIG_IGN)
-                    let source = DispatchSource.makeSignalSource(signal: sig)
-                    source.setEventHandler { presence.leave(detach: false) }
-                    source.resume()
-                    return source
-                }
+                let signals = Terminal.onSignals([SIGINT, SIGTERM]) { presence.leave(detach: false) }
                 // `boxkey lock`, `logout` and `status` from other shells come through this process.
                 let holder: PresenceHolder?
                 do { holder = try await PresenceHolder.start(presence, dirs: phone.dirs, say: { Terminal.say($0) }) } catch {

@@ -3,7 +3,6 @@ import BoxkeyCore
 import BoxkeyPhone
 import BoxkeyRadio
 import BoxkeyHost
-import Dispatch
 import FoundationEssentials
 import Glibc
 import Synchronization
@@ -51,13 +50,7 @@ extension Boxkey {
             let results = central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: true))
             let json = json
             let (stops, stop) = AsyncStream<Void>.makeStream()
-            let sources = [SIGINT, SIGTERM].map { sig in
-                signal(sig, SIG_IGN)
-                let source = DispatchSource.makeSignalSource(signal: sig)
-                source.setEventHandler { stop.yield() }
-                source.resume()
-                return source
-            }
+            let sources = Terminal.onSignals([SIGINT, SIGTERM]) { stop.yield() }
             defer { sources.forEach { $0.cancel() } }
             @Sendable func report(_ row: ScanTable.Row, _ change: ScanTable.Change) {
                 if json { Terminal.say(ScanTable.json(row, change: change)) } else if !live { Terminal.say("\(change.rawValue): \(row.line)") }

@@ -60,9 +60,7 @@ extension Boxkey {
                     presence = .init(box: p.box, holder: "agent", pid: a.pid, connected: p.connected)
                 }
                 for box in phone.boxes.boxes where presence == nil {
-                    guard let id = BoxID(box.id), let holder = PresenceHolder.client(phone.dirs, box: id),
-                          case .result(.success, _, let details) = try? holder.send(.status, timeout: .seconds(5)),
-                          let s = try? JSONDecoder().decode(PresenceHolder.Status.self, from: Data(details.utf8)) else { continue }
+                    guard let id = BoxID(box.id), let s = PresenceHolder.status(phone.dirs, box: id) else { continue }
                     presence = .init(box: s.box, holder: "login", pid: s.pid, connected: s.connected)
                 }
                 let report = Report(
@@ -75,11 +73,6 @@ extension Boxkey {
                 // Labels and sentences through the catalog; the values (keys, IDs, pids) as they are.
                 var rows: [(label: String, text: String)] = []
                 func line(_ label: String, _ text: String) { rows.append((label, text)) }
-                defer {
-                    // One column for the values, as wide as the longest label (translated ones too).
-                    let width = max(13, (rows.map(\.label.count).max() ?? 0) + 1)
-                    for r in rows { Terminal.say(r.label.padding(width) + r.text) }
-                }
                 line(tr("phone key:"), report.phoneKey)
                 line(tr("fingerprint:"), report.fingerprint)
                 line(tr("credentials:"), report.vault.sentence)
@@ -117,6 +110,9 @@ extension Boxkey {
                 for b in report.boxes {
                     line(tr("box {box}:", ("box", b.id)), b.isDefault ? tr("key {fingerprint} (default)", ("fingerprint", b.fingerprint)) : tr("key {fingerprint}", ("fingerprint", b.fingerprint)))
                 }
+                // One column for the values, as wide as the longest label (translated ones too).
+                let width = max(13, (rows.map(\.label.count).max() ?? 0) + 1)
+                for r in rows { Terminal.say(r.label.padding(width) + r.text) }
             }
         }
     }
@@ -137,13 +133,5 @@ extension Boxkey {
                 }
             }
         }
-    }
-}
-
-extension String {
-    /// Padded with spaces to `width` characters (a label column; characters, not bytes, so a
-    /// translated label lines up too).
-    func padding(_ width: Int) -> String {
-        count >= width ? self + " " : self + String(repeating: " ", count: width - count)
     }
 }

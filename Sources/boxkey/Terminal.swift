@@ -2,6 +2,7 @@ import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
 import BoxkeyHost
+import Dispatch
 import FoundationEssentials
 import Glibc
 import Synchronization
@@ -50,6 +51,18 @@ enum Terminal {
         Console.error(tr("Box {box} not found nearby. Search again? [Y/n] ", ("box", id)))
         guard let line = readAnswer() else { return false }
         return ["", "y", "yes"].contains(line.trimmed.lowercased())
+    }
+
+    /// Runs `handler` on each of `signals` instead of their default action (Ctrl-C, SIGTERM),
+    /// until the returned sources are cancelled.
+    static func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
+        signals.map { sig in
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig)
+            source.setEventHandler(handler: handler)
+            source.resume()
+            return source
+        }
     }
 
     static func confirm(_ question: String) -> Bool {
