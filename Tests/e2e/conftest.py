@@ -536,6 +536,12 @@ class World:
         self.processes.append(p)
         return p
 
+    def staying_login(self, *args, who="alice"):
+        """`boxkey login ARGS` in the background, returned once it holds the presence link."""
+        p = self.phone_background("login", *args, who=who)
+        wait_for(lambda: "Staying connected" in open(p.log).read(), what="presence link")
+        return p
+
     def pairing_code(self, user=None):
         """A code minted by the box's admin: `boxkeyd pair-code [--user USER]`."""
         r = self.admin("pair-code", *(["--user", user] if user else []))

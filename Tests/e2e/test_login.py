@@ -155,8 +155,7 @@ def test_walk_away_locks_through_logind(world):
     world.start_box()
     world.pair_and_store()
     greeter = world.greeter("authenticate", "open_session")
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     assert world.finish(greeter)[0] == 0
     world.walk_away(phone)
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="LockSession")
@@ -171,8 +170,7 @@ def test_phone_back_within_grace_is_not_locked(world):
     world.start_box()
     world.pair_and_store()
     greeter = world.greeter("authenticate", "open_session")
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     world.finish(greeter)
     world.walk_away(phone)
     # The box's view: the phone's own log says nothing while it is frozen (the lab's walk-away).
@@ -213,8 +211,7 @@ def test_lock_and_logout_while_the_login_holds_the_presence_link(world, action):
     world.start_box()
     world.pair_and_store()
     greeter = world.greeter("authenticate", "open_session")
-    holder = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(holder.log).read(), what="presence link")
+    holder = world.staying_login()
     assert world.finish(greeter)[0] == 0
     r = world.phone(action, *(["--yes"] if action == "logout" else []))
     said, call = ("Locked your session on box 4821", 'LockSession "42"') if action == "lock" \
@@ -236,8 +233,7 @@ def test_a_lock_the_box_could_not_carry_out_leaves_the_presence_link_guarding(wo
     world.pair_and_store()
     world.logind.without_locker("42")
     greeter = world.greeter("authenticate", "open_session")
-    holder = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(holder.log).read(), what="presence link")
+    holder = world.staying_login()
     assert world.finish(greeter)[0] == 0
     r = world.phone("lock")
     assert r.returncode == 1 and "could not lock" in r.stderr, r.stdout + r.stderr
@@ -261,8 +257,7 @@ def test_a_second_login_leaves_a_live_presence_link_alone(world):
     world.start_box()
     world.pair_and_store()
     greeter = world.greeter("authenticate", "open_session")
-    first = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(first.log).read(), what="presence link")
+    first = world.staying_login()
     assert world.finish(greeter)[0] == 0
     for args in (("login",), ("login", "--no-stay"), ("login", "--no-agent")):
         r = world.phone(*args)

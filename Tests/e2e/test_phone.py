@@ -343,8 +343,7 @@ def test_status_json_has_every_key_in_every_state(world, agents):
     assert s["vault"]["user"] == "alice" and s["vault"]["kind"] == "password"
     # A foreground login holds the presence link.
     greeter = world.greeter("authenticate", "open_session")
-    holder = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(holder.log).read(), what="presence link")
+    holder = world.staying_login()
     world.finish(greeter)
     s = check()
     assert s["presence"] == {"box": "4821", "holder": "login", "pid": holder.pid, "connected": True} and s["loggedIn"] is True, s

@@ -185,8 +185,7 @@ def test_walk_away_does_not_end_a_text_session_the_phone_never_opened(world):
     world.start_box()
     world.pair_and_store()
     prompt = world.greeter()
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     assert world.finish(prompt)[0] == 0
     world.phone("sim", "move", "45", "--over", "1")
     wait_for(lambda: 'LockSession "43"' in world.logind.calls(), timeout=15, what="the walk-away lock")
@@ -206,8 +205,7 @@ def test_someone_using_the_phones_radio_address_cannot_walk_it_away(world):
     world.start_box()
     world.pair_and_store()
     prompt = world.greeter("authenticate", "open_session")
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     assert world.finish(prompt)[0] == 0
     import re
     address = re.search(r"connected (00:50:48:[0-9A-F:]{8})#", world.box_output()).group(1)

@@ -155,8 +155,7 @@ def test_ssh_session_does_not_replace_the_console_session(world):
     world.start_box()
     world.pair_and_store()
     prompt = world.greeter("authenticate", "open_session")  # console session 42
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     assert world.finish(prompt)[0] == 0
     # alice also logs in over ssh with her password, and logs out again.
     ssh = world.greeter("authenticate", "open_session", "close_session", service="sshd", tty="ssh",
@@ -177,8 +176,7 @@ def test_walk_away_without_a_session_locks_all_local_sessions(world):
     world.start_box()
     world.pair_and_store()
     prompt = world.greeter()  # authenticate only: no session on record
-    phone = world.phone_background("login")
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login()
     assert world.finish(prompt)[0] == 0
     world.phone("sim", "move", "45", "--over", "1")
     wait_for(lambda: all(f'LockSession "{s}"' in world.logind.calls() for s in ("42", "43")), timeout=15,
@@ -218,8 +216,7 @@ def test_missed_keepalives_walk_away(world):
     world.start_box()
     world.pair_and_store()
     prompt = world.greeter("authenticate", "open_session")
-    phone = world.phone_background("login", "--keepalive", "100")  # in range, but silent
-    wait_for(lambda: "Staying connected" in open(phone.log).read(), what="presence link")
+    phone = world.staying_login("--keepalive", "100")  # in range, but silent
     assert world.finish(prompt)[0] == 0
     wait_for(lambda: 'LockSession "42"' in world.logind.calls(), timeout=15, what="walk-away lock")
     wait_for(lambda: "walk-away lock" in world.box_output(), what="the box logging its walk-away lock")
