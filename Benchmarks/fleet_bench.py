@@ -2,8 +2,12 @@
 """The fleet directory's figures (docs/fleet.md): a throwaway slapd with 10,000 users, 2,000 of
 them with a phone, and a real boxkeyd (simulated radio) reading it. Prints: the roster's read
 time and requests, login time with the box's cache cold (just started, no cache file) and
-warm, the directory lookups each login makes, and how long a revocation takes to reach the box.
+warm, the directory lookups each login makes, and how long a revocation takes to reach the box;
+then many boxes against the one slapd: revocation → every box has dropped the phone (p50/p99),
+following the directory (RFC 4533, syncprov) and reading it whole every refresh_s, and the
+directory's CPU per idle minute under each.
 Usage: fleet_bench.py BIN_DIR PAM_MODULE [--short]"""
+import copy
 import os
 import re
 import statistics
@@ -46,7 +50,7 @@ def main():
         directory.start()
         r = directory.ldap("ldapmodify", input="\n".join(phones_ldif))
         assert r.returncode == 0, r.stderr
-        world.settings["fleet"] = directory.fleet_settings(refresh_s=REFRESH_S)
+        world.settings["fleet"] = directory.fleet_settings(refresh_s=REFRESH_S, follow=False)
 
         # The roster as a box reads it (boxkeyd fleet check, the boxes' account).
         reads = []
@@ -106,14 +110,129 @@ def main():
         print(f"  login, cold cache (box just started, no cache file): {cold_ms} ms; directory lookups during it: {cold_lookups}")
         print(f"  login, warm cache, median of {rounds}: {statistics.median(warm_ms)} ms (max {max(warm_ms)}); directory lookups in all: {warm_lookups}")
         print(f"  login, the same box without [fleet] (phone enrolled at the box), median of {rounds}: {statistics.median(local_ms)} ms")
-        print(f"  revocation → box drops the phone (refresh_s = {REFRESH_S}): " + ", ".join(f"{p:.1f} s" for p in propagation)
+        print(f"  revocation → box drops the phone, box reading whole every refresh_s = {REFRESH_S} (follow = false): " + ", ".join(f"{p:.1f} s" for p in propagation)
               + f"; bound: refresh_s + one read")
+        many_boxes(world, directory, alice_key, short)
     finally:
         world.close()
         if directory:
             directory.stop()
         logind.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def many_boxes(world, directory, key, short):
+    """N boxkeyd against the one slapd, waiting for Bluetooth (no bluetoothd on their bus), so
+    only their fleet service works: the directory's CPU over an idle window, then revocations
+    (ldapmodify) → the time until each box's log says it dropped the phone; for boxes that
+    follow the directory and for boxes that read it whole every refresh_s (the default 60 s)."""
+    count, window, rounds = (20, 20, 3) if short else (100, 60, 10)
+    [value] = [v for v in directory.phones("alice") if v.startswith(key)]
+    revoke = f"dn: uid=alice,{PEOPLE}\nchangetype: modify\ndelete: boxkeyPhone\nboxkeyPhone: {value}\n"
+    enrol = revoke.replace("delete:", "add:")
+    print(f"  {count} boxes against this slapd ({'short' if short else 'full'} mode: {window} s idle window, {rounds} revocations):")
+    for follow in (True, False):
+        # Reading whole: the window is one refresh cycle, every box's read in it once.
+        boxes = start_boxes(world, directory, count, follow, refresh_s=60 if follow else window)
+        try:
+            wait_for(lambda: all("fleet: read 2000 phone(s)" in read(log) for _, log in boxes), timeout=300, interval=0.5,
+                     what="every box's first read")
+            time.sleep(2)
+            cpu_before, searches_before = slapd_cpu(directory), directory.searches()
+            time.sleep(window)
+            cpu = (slapd_cpu(directory) - cpu_before) * 60 / window
+            searches = (directory.searches() - searches_before) * 60 / window
+            samples = []
+            if follow:
+                for _ in range(rounds):
+                    samples += revocation(directory, boxes, revoke, enrol)
+            samples.sort()
+            if follow:
+                print(f"    following (syncprov, refresh_s = 60): directory CPU {cpu * 1000:.0f} ms per idle minute, {searches:.0f} searches per minute")
+            else:
+                # One cycle's cost: a minute's at the default refresh_s = 60.
+                print(f"    reading whole every refresh_s (follow = false): directory CPU {cpu * window / 60 * 1000:.0f} ms per refresh cycle "
+                      f"(= per minute at the default 60 s), {searches * window / 60:.0f} searches")
+            if samples:
+                p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
+                print(f"      revocation (ldapmodify started) → box dropped the phone, {len(samples)} box-revocations: "
+                      f"p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms, max {samples[-1] * 1000:.0f} ms")
+        finally:
+            for process, _ in boxes:
+                process.terminate()
+            for process, _ in boxes:
+                process.wait(20)
+    start = time.monotonic()
+    assert directory.ldap("ldapsearch", "-LLL", "-b", PEOPLE, "(uid=alice)", "1.1").returncode == 0
+    print(f"    (one ldapsearch process, TLS and bind included, takes {(time.monotonic() - start) * 1000:.0f} ms here)")
+
+
+def start_boxes(world, directory, count, follow, refresh_s):
+    boxes = []
+    for i in range(count):
+        box_id = f"{6000 + i}"
+        settings = copy.deepcopy(world.settings)
+        settings["box"] = {"id": box_id, "state_directory": os.path.join(world.work, "many", box_id)}
+        settings["pam"]["socket"] = os.path.join(world.work, "run", f"pam-{box_id}.sock")
+        settings["radio"] = {"backend": "bluez", "adapter": ""}
+        settings["fleet"] = directory.fleet_settings(follow=follow, refresh_s=refresh_s)
+        path = os.path.join(world.work, f"boxkeyd-{box_id}.conf")
+        with open(path, "w") as f:
+            f.write("".join(f"[{section}]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in values.items()) for section, values in settings.items()))
+        log = os.path.join(world.work, f"boxkeyd-{box_id}.log")
+        boxes.append((subprocess.Popen([world.bins["boxkeyd"], "--config", path], env=world.box_env,
+                                       stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
+    return boxes
+
+
+def toml(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def slapd_cpu(directory):
+    """slapd's user + system CPU so far, in seconds."""
+    fields = open(f"/proc/{directory.process.pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def revocation(directory, boxes, revoke, enrol):
+    """One revocation: seconds from starting ldapmodify until each box's log says it dropped the
+    phone; then the phone enrolled again and back at every box."""
+    text = "no longer enrolled for alice"
+    before = [read(log).count(text) for _, log in boxes]
+    sizes = [os.path.getsize(log) for _, log in boxes]
+    start = time.monotonic()
+    r = directory.ldap("ldapmodify", input=revoke)
+    assert r.returncode == 0, r.stderr
+    seen = [None] * len(boxes)
+    deadline = start + 30
+    while None in seen and time.monotonic() < deadline:
+        for i, (_, log) in enumerate(boxes):
+            if seen[i] is None and os.path.getsize(log) != sizes[i]:
+                sizes[i] = os.path.getsize(log)
+                if read(log).count(text) > before[i]:
+                    seen[i] = time.monotonic() - start
+        time.sleep(0.002)
+    assert None not in seen, f"{seen.count(None)} box(es) did not drop the phone within 30 s"
+    counts = [read(log).count("fleet: read 2000 phone(s)") for _, log in boxes]
+    assert directory.ldap("ldapmodify", input=enrol).returncode == 0
+    wait_for(lambda: all(read(log).count("fleet: read 2000 phone(s)") > n for (_, log), n in zip(boxes, counts)), timeout=30,
+             interval=0.05, what="the phone back at every box")
+    # Each box writes its cache a second after a change: on separate machines that costs
+    # nothing to the next change, here 100 boxes share 2 cores, so the next round waits for it.
+    time.sleep(2.5)
+    return seen
 
 
 def login(world, directory):

@@ -1344,6 +1344,26 @@ public actor Box {
         }
     }
 
+    /// A revoked phone's live links end, but those of a presence link for one of `users` (the
+    /// users it keeps). A presence link that ends so ends as a walk-away does (the policy's lock
+    /// or logout, at once): nothing guards its session any more.
+    func endLinks(of phone: PublicKey, keeping users: [String] = [], reason: String) async {
+        var away: [String] = []
+        for (id, link) in links where link.connection.phoneKey == phone {
+            let user = presences[id]?.user
+            guard users.isEmpty || user.map({ !users.contains($0) }) == true else { continue }
+            if let user {
+                away.append(user)
+                audit.audit(.notice, .sessionAction, "presence link of phone \(phone.fingerprint) user \(logSafe(user)) ended: \(reason)", phone: phone.fingerprint, user: user)
+            }
+            presences[id] = nil
+            drop(id)
+        }
+        guard !away.isEmpty else { return }
+        readvertise()
+        for user in away { await walkAway(phone: phone, user: user, reason: reason) }
+    }
+
     /// A new presence link: the presence service starts reading its RSSI.
     private func startedPresence(phone: PublicKey, user: String, now: Duration) -> PresenceMonitor {
         presenceChanged.signal()
@@ -1445,7 +1465,7 @@ public actor Box {
     /// The enrolled and revoked phones, as JSON (`boxkeyd phones list` renders them).
     public func phoneList() -> String { AdminJSON.encode(registry.phones) }
 
-    public func revoke(fingerprint: String) -> PAMReply {
+    public func revoke(fingerprint: String) async -> PAMReply {
         // A digit or two would pick some phone: revoking is for one the admin can name.
         guard fingerprint.filter({ $0 != "-" }).count >= 4 else { return .error("give at least 4 hex digits of the fingerprint") }
         // The box's phones and the directory's together: the prefix must name exactly one, or
@@ -1466,11 +1486,10 @@ public actor Box {
             }
             audit.audit(.notice, .revoked, "revoked: phone \(phone.fingerprint) (\(logSafe(phone.name))) users \(phone.users.map(logSafe).joined(separator: ","))", phone: phone.fingerprint)
             // Drop its live links: a revoked phone keeps nothing.
-            for (id, link) in links where link.connection.phoneKey.map({ hex($0.bytes) }) == phone.key {
-                presences[id] = nil
-                drop(id)
+            if let bytes = unhex(phone.key), let key = try? PublicKey(bytes) {
+                await endLinks(of: key, reason: "phone revoked at this box")
+                enrolment.settle(key)
             }
-            if let bytes = unhex(phone.key), let key = try? PublicKey(bytes) { enrolment.settle(key) }
             // Its sealed passwords go with it (escrow mode): nothing of it opens them any more.
             var destroyed = ""
             do {

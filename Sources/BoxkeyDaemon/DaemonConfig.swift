@@ -126,7 +126,13 @@ public struct DaemonConfig: Sendable, Equatable {
         public var bindPasswordFile = "/etc/boxkey/fleet-bind-password"
         public var caFile = ""
         public var startTLS = false
-        /// How often the box reads the roster: the longest a revocation takes to reach it.
+        /// Whether the box follows the directory's changes as they happen (RFC 4533 content
+        /// synchronisation, refreshAndPersist: OpenLDAP's syncprov overlay). Off, or a server
+        /// that refuses it: the whole roster is read every `refresh`.
+        public var follow = true
+        /// Following: how often the box proves the directory is still there (a one-entry read)
+        /// and reads the revocation list. Polling: how often it reads the whole roster, the
+        /// longest a revocation takes to reach it.
         public var refresh: Duration = .seconds(60)
         /// How long the box trusts its last read while the directory is away; then fleet
         /// phones are refused (passwords still work).
@@ -248,7 +254,7 @@ public struct DaemonConfig: Sendable, Equatable {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login", "fleet"])
-        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s", "revocations_dn"]), !t.entries.isEmpty {
+        if let t = try reader.section(table, "fleet", keys: ["uri", "base", "bind_dn", "bind_password_file", "ca_file", "starttls", "refresh_s", "max_stale_s", "publish", "user_attribute", "timeout_s", "revocations_dn", "follow"]), !t.entries.isEmpty {
             // An empty [fleet] (the shipped file's, every key commented out) is no fleet.
             guard let uri = try reader.string(t, "uri"), let base = try reader.string(t, "base") else {
                 throw reader.error(t.line, "[fleet] needs uri and base (docs/fleet.md)")
@@ -265,6 +271,7 @@ public struct DaemonConfig: Sendable, Equatable {
             f.bindDN = try reader.string(t, "bind_dn") ?? f.bindDN
             f.bindPasswordFile = try reader.string(t, "bind_password_file") ?? f.bindPasswordFile
             f.caFile = try reader.string(t, "ca_file") ?? f.caFile
+            f.follow = try reader.bool(t, "follow") ?? f.follow
             f.refresh = try reader.seconds(t, "refresh_s", 5...86_400) ?? f.refresh
             f.maxStale = try reader.seconds(t, "max_stale_s", 60...2_592_000) ?? f.maxStale
             guard f.maxStale > f.refresh else { throw reader.error((t["max_stale_s"] ?? t["refresh_s"])!.line, "[fleet] max_stale_s must be longer than refresh_s") }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include "boxkey_ldap.h"
 
@@ -18,7 +19,10 @@
     X(ldap_memfree) X(ldap_modify_ext_s) X(ldap_msgfree) X(ldap_next_entry) \
     X(ldap_parse_pageresponse_control) X(ldap_parse_result) X(ldap_sasl_bind_s) \
     X(ldap_sasl_interactive_bind_s) X(ldap_search_ext_s) X(ldap_set_option) X(ldap_start_tls_s) \
-    X(ldap_unbind_ext_s) X(ldap_value_free_len)
+    X(ldap_unbind_ext_s) X(ldap_value_free_len) \
+    X(ber_alloc_t) X(ber_free) X(ber_flatten2) X(ber_init) X(ber_scanf) X(ber_peek_tag) X(ber_printf) \
+    X(ldap_search_ext) X(ldap_result) X(ldap_msgtype) X(ldap_get_entry_controls) \
+    X(ldap_parse_intermediate) X(ldap_abandon_ext) X(ber_bvarray_free)
 
 #define DECLARE(name) static __typeof__(name) *p_##name;
 LDAP_FUNCTIONS(DECLARE)
@@ -83,6 +87,20 @@ static int loaded(char *err, size_t err_len) {
 #define ldap_start_tls_s CALL(ldap_start_tls_s)
 #define ldap_unbind_ext_s CALL(ldap_unbind_ext_s)
 #define ldap_value_free_len CALL(ldap_value_free_len)
+#define ber_alloc_t CALL(ber_alloc_t)
+#define ber_free CALL(ber_free)
+#define ber_flatten2 CALL(ber_flatten2)
+#define ber_init CALL(ber_init)
+#define ber_scanf CALL(ber_scanf)
+#define ber_peek_tag CALL(ber_peek_tag)
+#define ber_printf CALL(ber_printf)
+#define ldap_search_ext CALL(ldap_search_ext)
+#define ldap_result CALL(ldap_result)
+#define ldap_msgtype CALL(ldap_msgtype)
+#define ldap_get_entry_controls CALL(ldap_get_entry_controls)
+#define ldap_parse_intermediate CALL(ldap_parse_intermediate)
+#define ldap_abandon_ext CALL(ldap_abandon_ext)
+#define ber_bvarray_free CALL(ber_bvarray_free)
 
 static int fail(int rc, LDAP *ld, const char *what, char *err, size_t err_len) {
     char *diagnostic = NULL;
@@ -144,6 +162,34 @@ static void free_values(char **values) {
     free(values);
 }
 
+/* Hands one entry to `each` (a search) or `change` (a sync stream, with its state and UUID).
+   Returns what the callback returned, or -1 when out of memory. */
+static int hand_over(LDAP *ld, LDAPMessage *e, const char *names_attr, const char *values_attr,
+                     int state, const unsigned char *uuid, boxkey_ldap_entry each,
+                     boxkey_ldap_sync_change change, void *context) {
+    char *dn = ldap_get_dn(ld, e);
+    struct berval **names = ldap_get_values_len(ld, e, names_attr);
+    struct berval **numbers = ldap_get_values_len(ld, e, "uidNumber");
+    struct berval **values = ldap_get_values_len(ld, e, values_attr);
+    char **name_strings = copy_values(names), **value_strings = copy_values(values), **number_strings = copy_values(numbers);
+    int stop = -1;
+    if (name_strings && value_strings && number_strings) {
+        const char *number = ldap_count_values_len(numbers) == 1 ? number_strings[0] : NULL;
+        stop = each ? each(context, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names), number,
+                           (const char *const *)value_strings, ldap_count_values_len(values))
+                    : change(context, state, uuid, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names), number,
+                             (const char *const *)value_strings, ldap_count_values_len(values));
+    }
+    free_values(name_strings);
+    free_values(value_strings);
+    free_values(number_strings);
+    ldap_value_free_len(names);
+    ldap_value_free_len(numbers);
+    ldap_value_free_len(values);
+    ldap_memfree(dn);
+    return stop;
+}
+
 int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter,
                        const char *names_attr, const char *values_attr, int page_size,
                        boxkey_ldap_entry each, void *context, int *requests,
@@ -171,26 +217,8 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
             break;
         }
         for (LDAPMessage *e = ldap_first_entry(ld, result); e && !stop; e = ldap_next_entry(ld, e)) {
-            char *dn = ldap_get_dn(ld, e);
-            struct berval **names = ldap_get_values_len(ld, e, names_attr);
-            struct berval **numbers = ldap_get_values_len(ld, e, "uidNumber");
-            struct berval **values = ldap_get_values_len(ld, e, values_attr);
-            char **name_strings = copy_values(names), **value_strings = copy_values(values), **number_strings = copy_values(numbers);
-            if (name_strings && value_strings && number_strings) {
-                stop = each(context, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names),
-                            ldap_count_values_len(numbers) == 1 ? number_strings[0] : NULL,
-                            (const char *const *)value_strings, ldap_count_values_len(values));
-            } else {
-                rc = LDAP_NO_MEMORY;
-                stop = 1;
-            }
-            free_values(name_strings);
-            free_values(value_strings);
-            free_values(number_strings);
-            ldap_value_free_len(names);
-            ldap_value_free_len(numbers);
-            ldap_value_free_len(values);
-            ldap_memfree(dn);
+            stop = hand_over(ld, e, names_attr, values_attr, -1, NULL, each, NULL, context);
+            if (stop < 0) rc = LDAP_NO_MEMORY;
         }
         if (cookie) { ber_bvfree(cookie); cookie = NULL; }
         if (page_size > 0 && !stop) {
@@ -209,7 +237,7 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
             ldap_controls_free(returned);
         }
         ldap_msgfree(result);
-        if (rc == LDAP_NO_MEMORY) { fail(rc, NULL, "search failed", err, err_len); break; }
+        if (rc == LDAP_NO_MEMORY) { snprintf(err, err_len, "search failed: out of memory"); break; }
         rc = LDAP_SUCCESS;
     } while (cookie && !stop);
     if (cookie) ber_bvfree(cookie);
@@ -250,6 +278,154 @@ int boxkey_ldap_swap(boxkey_ldap *handle, const char *dn, const char *attr, cons
     int rc = ldap_modify_ext_s(ld, dn, mods, NULL, NULL);
     if (rc != LDAP_SUCCESS) return fail(rc, ld, "writing the value failed (changed by someone else meanwhile?)", err, err_len);
     return 0;
+}
+
+/* ---- Content synchronisation (RFC 4533, OpenLDAP's syncprov), refreshAndPersist ---- */
+
+int boxkey_ldap_sync_start(boxkey_ldap *handle, const char *base, const char *filter,
+                           const char *names_attr, const char *values_attr, int *msgid,
+                           char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    char *attrs[] = { (char *)names_attr, (char *)values_attr, "uidNumber", NULL };
+    BerElement *ber = ber_alloc_t(LBER_USE_DER);
+    struct berval value = { 0, NULL };
+    /* syncRequestValue: refreshAndPersist and no cookie, so every start is a whole refresh
+       (the box keeps no cookie: a restart of the stream is rare and the refresh is one read). */
+    if (!ber || ber_printf(ber, "{e}", (ber_int_t)LDAP_SYNC_REFRESH_AND_PERSIST) < 0 || ber_flatten2(ber, &value, 0) < 0) {
+        if (ber) ber_free(ber, 1);
+        snprintf(err, err_len, "content synchronisation: cannot encode the request");
+        return LDAP_ENCODING_ERROR;
+    }
+    /* Critical: a server without syncprov must refuse (unavailableCriticalExtension), not
+       answer a plain search that then never tells of a change. */
+    LDAPControl control = { LDAP_CONTROL_SYNC, value, 1 };
+    LDAPControl *controls[] = { &control, NULL };
+    int rc = ldap_search_ext(ld, base, LDAP_SCOPE_SUBTREE, filter, attrs, 0, controls, NULL, NULL, LDAP_NO_LIMIT, msgid);
+    ber_free(ber, 1);
+    if (rc != LDAP_SUCCESS) return fail(rc, ld, "content synchronisation", err, err_len);
+    return 0;
+}
+
+/* An entry of the stream: its state and entryUUID from the Sync State control. */
+static int sync_entry(LDAP *ld, LDAPMessage *msg, const char *names_attr, const char *values_attr,
+                      boxkey_ldap_sync_change change, void *context, char *err, size_t err_len) {
+    LDAPControl **controls = NULL;
+    ldap_get_entry_controls(ld, msg, &controls);
+    LDAPControl *control = ldap_control_find(LDAP_CONTROL_SYNC_STATE, controls, NULL);
+    BerElement *ber = control ? ber_init(&control->ldctl_value) : NULL;
+    ber_int_t state = -1;
+    struct berval uuid = { 0, NULL };
+    int rc = 0;
+    if (!ber || ber_scanf(ber, "{em", &state, &uuid) == LBER_ERROR || uuid.bv_len != 16 || state < LDAP_SYNC_PRESENT || state > LDAP_SYNC_DELETE) {
+        snprintf(err, err_len, "content synchronisation: an entry without a valid sync state");
+        rc = LDAP_PROTOCOL_ERROR;
+    } else if (hand_over(ld, msg, names_attr, values_attr, state, (const unsigned char *)uuid.bv_val, NULL, change, context) < 0) {
+        snprintf(err, err_len, "content synchronisation: out of memory");
+        rc = LDAP_NO_MEMORY;
+    }
+    if (ber) ber_free(ber, 1);
+    ldap_controls_free(controls);
+    return rc;
+}
+
+/* A Sync Info message: the end of the refresh, or a set of entries deleted meanwhile. */
+static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change, void *context,
+                     char *err, size_t err_len) {
+    char *oid = NULL;
+    struct berval *data = NULL;
+    int rc = ldap_parse_intermediate(ld, msg, &oid, &data, NULL, 0);
+    if (rc != LDAP_SUCCESS || !oid || strcmp(oid, LDAP_SYNC_INFO) != 0 || !data) {
+        ldap_memfree(oid);
+        if (data) ber_bvfree(data);
+        return 0; /* another extension's message: not ours */
+    }
+    BerElement *ber = ber_init(data);
+    ber_len_t len = 0;
+    ber_tag_t tag = ber ? ber_peek_tag(ber, &len) : LBER_ERROR;
+    rc = 0;
+    if (tag == LDAP_TAG_SYNC_REFRESH_DELETE || tag == LDAP_TAG_SYNC_REFRESH_PRESENT) {
+        ber_int_t done = 1; /* refreshDone DEFAULT TRUE */
+        ber_scanf(ber, "{");
+        if (ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) ber_scanf(ber, "x");
+        if (ber_peek_tag(ber, &len) == LDAP_TAG_REFRESHDONE) ber_scanf(ber, "b", &done);
+        if (done) change(context, BOXKEY_LDAP_SYNC_REFRESHED, NULL, "", NULL, 0, NULL, NULL, 0);
+    } else if (tag == LDAP_TAG_SYNC_ID_SET) {
+        ber_int_t deletes = 0; /* refreshDeletes DEFAULT FALSE */
+        BerVarray uuids = NULL;
+        ber_scanf(ber, "{");
+        if (ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) ber_scanf(ber, "x");
+        if (ber_peek_tag(ber, &len) == LDAP_TAG_REFRESHDELETES) ber_scanf(ber, "b", &deletes);
+        if (ber_scanf(ber, "[W]", &uuids) == LBER_ERROR) {
+            snprintf(err, err_len, "content synchronisation: a malformed set of entry UUIDs");
+            rc = LDAP_PROTOCOL_ERROR;
+        } else if (!deletes) {
+            /* A set of entries still present only comes after a cookie, and the box sends none. */
+            snprintf(err, err_len, "content synchronisation: the server sent a present set unasked");
+            rc = LDAP_PROTOCOL_ERROR;
+        } else {
+            for (int i = 0; uuids && uuids[i].bv_val; i++) {
+                if (uuids[i].bv_len == 16) change(context, LDAP_SYNC_DELETE, (const unsigned char *)uuids[i].bv_val, "", NULL, 0, NULL, NULL, 0);
+            }
+        }
+        if (uuids) ber_bvarray_free(uuids);
+    } /* a new cookie alone: nothing to do, the box keeps none */
+    if (ber) ber_free(ber, 1);
+    ldap_memfree(oid);
+    ber_bvfree(data);
+    return rc;
+}
+
+int boxkey_ldap_sync_poll(boxkey_ldap *handle, int msgid, int timeout_ms, const char *names_attr,
+                          const char *values_attr, boxkey_ldap_sync_change change, void *context,
+                          int *handled, char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    struct timeval wait = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
+    *handled = 0;
+    for (;;) {
+        LDAPMessage *msg = NULL;
+        int type = ldap_result(ld, msgid, LDAP_MSG_ONE, &wait, &msg);
+        if (type == 0) return 0;
+        if (type < 0) {
+            int code = 0;
+            ldap_get_option(ld, LDAP_OPT_RESULT_CODE, &code);
+            return fail(code ? code : LDAP_SERVER_DOWN, ld, "the directory's change stream broke", err, err_len);
+        }
+        /* What has arrived is handled now; the next wait is the caller's. */
+        wait.tv_sec = 0;
+        wait.tv_usec = 0;
+        int rc = 0;
+        if (type == LDAP_RES_SEARCH_ENTRY) {
+            rc = sync_entry(ld, msg, names_attr, values_attr, change, context, err, err_len);
+        } else if (type == LDAP_RES_INTERMEDIATE) {
+            rc = sync_info(ld, msg, change, context, err, err_len);
+        } else if (type == LDAP_RES_SEARCH_RESULT) {
+            /* refreshAndPersist ends only when the server ends it: refused (no syncprov:
+               unavailableCriticalExtension), told to refresh again, or shutting down. */
+            int code = 0;
+            ldap_parse_result(ld, msg, &code, NULL, NULL, NULL, NULL, 0);
+            ldap_msgfree(msg);
+            return fail(code ? code : LDAP_OTHER, ld, "the directory ended its change stream", err, err_len);
+        }
+        ldap_msgfree(msg);
+        if (rc) return rc;
+        (*handled)++;
+    }
+}
+
+int boxkey_ldap_ping(boxkey_ldap *handle, const char *base, char *err, size_t err_len) {
+    LDAP *ld = (LDAP *)handle;
+    char *attrs[] = { LDAP_NO_ATTRS, NULL };
+    LDAPMessage *result = NULL;
+    int rc = ldap_search_ext_s(ld, base, LDAP_SCOPE_BASE, "(objectClass=*)", attrs, 0, NULL, NULL, NULL, 1, &result);
+    ldap_msgfree(result);
+    if (rc != LDAP_SUCCESS) return fail(rc, ld, "the directory did not answer", err, err_len);
+    return 0;
+}
+
+int boxkey_ldap_descriptor(boxkey_ldap *handle) {
+    int fd = -1;
+    if (ldap_get_option((LDAP *)handle, LDAP_OPT_DESC, &fd) != LDAP_OPT_SUCCESS) return -1;
+    return fd;
 }
 
 void boxkey_ldap_close(boxkey_ldap *ld) {

@@ -151,6 +151,44 @@ import Testing
         #expect(FleetDirectory.escape("a\\b\u{0}") == "a\\5cb\\00")
     }
 
+    // MARK: - Following the directory (FleetMirror)
+
+    func entry(_ dn: String, _ name: String, _ phones: [PublicKey]) -> FleetMirror.Entry {
+        .init(dn: "uid=\(dn),ou=people", names: [name], number: nil, values: phones.map { FleetRoster.value(key: $0, name: "") })
+    }
+
+    @Test func aFollowedDirectoryGivesTheRosterAWholeReadWouldGive() {
+        var mirror = FleetMirror()
+        let a: [UInt8] = Array(repeating: 1, count: 16), b: [UInt8] = Array(repeating: 2, count: 16)
+        let names = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .entry(uuid: b, entry("bob", "bob", [bobPhone]))])
+        #expect(names == ["alice", "bob"])
+        #expect(!mirror.refreshed)
+        _ = mirror.apply([.refreshed])
+        #expect(mirror.refreshed)
+        var roster = mirror.roster(readAt: Date()).roster
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
+        // A revocation: bob's entry changes (a value taken away), then leaves the filter (deleted).
+        #expect(mirror.apply([.entry(uuid: b, entry("bob", "bob", []))]).isEmpty)  // same name: no look-up
+        _ = mirror.apply([.deleted(uuid: b)])
+        roster = mirror.roster(readAt: Date()).roster
+        #expect(roster.users(of: bobPhone, now: Date(), maxStale: .seconds(60)).isEmpty)
+        #expect(roster.phones.count == 1)
+        // A rename (same entryUUID, new DN and name) is a new name to look up.
+        #expect(mirror.apply([.entry(uuid: a, entry("alice2", "alice2", [alicePhone]))]) == ["alice2"])
+        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice2"])
+    }
+
+    @Test func aLookAlikeFoundLaterTakesTheNameUntilAWholeLookUpNoLongerFindsIt() {
+        var mirror = FleetMirror()
+        _ = mirror.apply([.entry(uuid: Array(repeating: 1, count: 16), entry("alice", "alice", [alicePhone])), .refreshed])
+        mirror.addLookalikes([entry("alice", "alice", [])])  // the followed entry itself: not a look-alike
+        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
+        mirror.addLookalikes([.init(dn: "uid=Alice,ou=others", names: ["Alice"], number: nil, values: [])])
+        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)).isEmpty)
+        mirror.addLookalikes([], replacing: true)
+        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
+    }
+
     @Test func theFleetSectionParses() throws {
         let c = try DaemonConfig.parse("""
             [fleet]
@@ -160,8 +198,11 @@ import Testing
             refresh_s = 30
             max_stale_s = 7200
             publish = true
+            follow = false
             """)
         let f = try #require(c.fleet)
+        #expect(!f.follow)
+        #expect(try DaemonConfig.parse("[fleet]\nuri = \"ldaps://a\"\nbase = \"dc=x\"").fleet?.follow == true)
         #expect(f.uri == "ldaps://ldap.example.org" && f.refresh == .seconds(30) && f.maxStale == .seconds(7200) && f.publish)
         #expect(f.userAttribute == "uid" && f.timeout == .seconds(5) && !f.startTLS)
         #expect(try DaemonConfig.parse("").fleet == nil)

@@ -17,6 +17,14 @@ def documented_rules():
     block = text.split("### Access rules", 1)[1].split("```\n", 2)[1]
     assert "olcAccess: to attrs=userPassword" in block
     return block.replace("dc=example,dc=org", SUFFIX)
+
+
+def documented_syncprov():
+    """docs/fleet.md's syncprov overlay entry, exactly as printed."""
+    text = open(os.path.join(REPO, "docs", "fleet.md")).read()
+    block = text.split("### Following changes", 1)[1].split("```\n", 2)[1]
+    assert "olcOverlay: syncprov" in block
+    return block
 SUFFIX = "dc=example,dc=org"
 PEOPLE = f"ou=people,{SUFFIX}"
 ADMIN_DN = f"cn=admin,{SUFFIX}"
@@ -35,8 +43,10 @@ def free_port():
 
 
 class Slapd:
-    def __init__(self, work, users=("alice", "bob"), extra_users=0, posix=None):
-        """posix: {name: uid number} of users that are also posixAccounts (sssd's users)."""
+    def __init__(self, work, users=("alice", "bob"), extra_users=0, posix=None, syncprov=True):
+        """posix: {name: uid number} of users that are also posixAccounts (sssd's users).
+        syncprov: with the content synchronisation overlay boxes follow (docs/fleet.md)."""
+        self.syncprov = syncprov
         self.posix = posix or {}
         self.dir = os.path.join(work, "slapd")
         os.makedirs(os.path.join(self.dir, "db"))
@@ -87,6 +97,7 @@ objectClass: olcModuleList
 cn: module{{0}}
 olcModulePath: /usr/lib/ldap
 olcModuleLoad: back_mdb
+olcModuleLoad: syncprov
 
 dn: cn=schema,cn=config
 objectClass: olcSchemaConfig
@@ -120,8 +131,10 @@ olcDbMaxSize: 1073741824
 olcDbIndex: objectClass eq
 olcDbIndex: uid eq
 olcDbIndex: boxkeyPhone eq,pres
+olcDbIndex: entryCSN,entryUUID eq
 olcSecurity: tls=1
-{documented_rules()}"""
+{documented_rules()}
+""" + ("\n" + documented_syncprov() if self.syncprov else "")
         self._run("slapadd", "-n0", "-F", os.path.join(d, "slapd.d"), input=config)
 
     def _populate(self, users, extra_users):

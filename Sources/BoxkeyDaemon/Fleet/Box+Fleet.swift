@@ -59,7 +59,7 @@ extension Box {
 
     /// A new read of the directory. Phones that lost users there lose their links here at once
     /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
-    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) {
+    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) async {
         let old = fleetRoster
         fleetRoster = roster
         if fleetHealth.failingSince != nil {
@@ -83,12 +83,7 @@ extension Box {
                     audit.audit(.notice, .revoked, "destroyed \(n) sealed password(s) of phone \(phone.fingerprint), no longer enrolled in the directory", phone: phone.fingerprint)
                 }
             }
-            for (id, link) in links where link.connection.phoneKey == phone {
-                let user = presences[id]?.user
-                guard still.isEmpty || user.map({ !still.contains($0) }) == true else { continue }
-                presences[id] = nil
-                drop(id)
-            }
+            await endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
         }
     }
 

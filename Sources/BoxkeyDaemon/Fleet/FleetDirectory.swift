@@ -13,10 +13,14 @@ public struct FleetDirectory: Sendable {
     public static let userClass = "boxkeyUser"
     /// Entries per round trip when reading the roster.
     public static let pageSize = 1000
+    /// The entries a box reads or follows: users with phones.
+    static let rosterFilter = "(&(objectClass=\(userClass))(\(phoneAttribute)=*))"
 
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
-        public init(description: String) { self.description = description }
+        /// libldap's result code, where it gave one.
+        public var code: Int32 = 0
+        public init(description: String, code: Int32 = 0) { self.description = description; self.code = code }
     }
 
     public let settings: DaemonConfig.Fleet
@@ -32,6 +36,13 @@ public struct FleetDirectory: Sendable {
 
     /// An open, bound connection; closed when the body returns.
     func withConnection<T>(_ body: (OpaquePointer) throws -> T) throws -> T {
+        let handle = try open()
+        defer { boxkey_ldap_close(handle) }
+        return try body(handle)
+    }
+
+    /// An open, bound connection, for the caller to close (`boxkey_ldap_close`).
+    func open() throws -> OpaquePointer {
         // Whoever can write the CA file can pose as the directory and hand out phones.
         if !settings.caFile.isEmpty, let problem = DaemonConfig.ownershipProblem(settings.caFile) {
             throw Failure(description: "[fleet] ca_file: \(problem)")
@@ -47,9 +58,8 @@ public struct FleetDirectory: Sendable {
                                  &err, err.count)
             }
         }
-        guard rc == 0, let handle else { throw Failure(description: "\(settings.uri): \(Self.text(err))") }
-        defer { boxkey_ldap_close(handle) }
-        return try body(handle)
+        guard rc == 0, let handle else { throw Failure(description: "\(settings.uri): \(Self.text(err))", code: rc) }
+        return handle
     }
 
     /// The bind password: the file's first line, NUL-terminated. The file must be private
@@ -80,30 +90,38 @@ public struct FleetDirectory: Sendable {
         try withConnection { ld in
             var entries: [(dn: String, names: [String], number: String?, values: [String])] = []
             var tooMany = false
-            let requests = try search(ld, filter: "(&(objectClass=\(Self.userClass))(\(Self.phoneAttribute)=*))") { dn, names, number, values in
+            let requests = try search(ld, filter: Self.rosterFilter) { dn, names, number, values in
                 entries.append((dn, names, number, values))
                 tooMany = entries.count > Self.maxEntries
                 return tooMany
             }
             if tooMany { throw Failure(description: "more than \(Self.maxEntries) entries with phones under \(settings.base)") }
             // A name vouches only if no other entry under the base has it, or one that looks
-            // like it, phones or not (a renamed or copied entry): every entry the server
-            // matches to the names read is counted, in batches of one filter each.
-            var others = 0
-            var seen = Set(entries.map(\.dn))
-            let names = Array(Set(entries.flatMap(\.names).filter(FleetRoster.isFleetName))).sorted()
-            for start in stride(from: 0, to: names.count, by: Self.namesPerFilter) {
-                let batch = names[start..<min(start + Self.namesPerFilter, names.count)]
-                let filter = "(|" + batch.map { "(\(settings.userAttribute)=\(Self.escape($0)))" }.joined() + ")"
-                others += try search(ld, base: settings.base, filter: filter, names: settings.userAttribute, values: "1.1") { dn, names, number, _ in
-                    if seen.insert(dn).inserted { entries.append((dn, names, number, [])) }
-                    return false
-                }
-            }
+            // like it, phones or not (a renamed or copied entry).
+            let (others, lookups) = try lookalikes(ld, of: Set(entries.flatMap(\.names)), besides: Set(entries.map(\.dn)))
+            entries += others.map { ($0.dn, $0.names, $0.number, []) }
             var roster = FleetRoster(readAt: now)
             let skipped = roster.add(entries: entries.map { ($0.names, $0.number, $0.values) })
-            return (roster, requests + others, skipped)
+            return (roster, requests + lookups, skipped)
         }
+    }
+
+    /// Every entry but those in `besides` that the server matches to one of `names` (its own
+    /// matching rules: case, width), in batches of one filter each; and the round trips.
+    func lookalikes(_ ld: OpaquePointer, of names: Set<String>, besides: Set<String>) throws -> (entries: [FleetMirror.Entry], requests: Int) {
+        var found: [FleetMirror.Entry] = []
+        var seen = besides
+        var requests = 0
+        let names = names.filter(FleetRoster.isFleetName).sorted()
+        for start in stride(from: 0, to: names.count, by: Self.namesPerFilter) {
+            let batch = names[start..<min(start + Self.namesPerFilter, names.count)]
+            let filter = "(|" + batch.map { "(\(settings.userAttribute)=\(Self.escape($0)))" }.joined() + ")"
+            requests += try search(ld, base: settings.base, filter: filter, names: settings.userAttribute, values: "1.1") { dn, names, number, _ in
+                if seen.insert(dn).inserted { found.append(.init(dn: dn, names: names, number: number, values: [])) }
+                return false
+            }
+        }
+        return (found, requests)
     }
 
     /// A user's entry: its DN and phone values (nil: no such user under the base).
@@ -179,12 +197,12 @@ public struct FleetDirectory: Sendable {
 
     /// The signed revocation list on `[fleet] revocations_dn` (nil: none there yet).
     public func readRevocations() throws -> BoxRevocationList? {
-        guard !settings.revocationsDN.isEmpty else { return nil }
         return try withConnection { ld in try readRevocations(ld) }
     }
 
-    private func readRevocations(_ ld: OpaquePointer) throws -> BoxRevocationList? {
-        try readRevocationsValue(ld)?.list
+    func readRevocations(_ ld: OpaquePointer) throws -> BoxRevocationList? {
+        guard !settings.revocationsDN.isEmpty else { return nil }
+        return try readRevocationsValue(ld)?.list
     }
 
     private func readRevocationsValue(_ ld: OpaquePointer) throws -> (value: String, list: BoxRevocationList)? {
@@ -234,7 +252,7 @@ public struct FleetDirectory: Sendable {
                     return sink.each(String(cString: dn!), nameStrings, number.map { String(cString: $0) }, strings) ? 1 : 0
                 }, Unmanaged.passUnretained(sink).toOpaque(), &requests, &err, err.count)
             }
-            guard rc == 0 else { throw Failure(description: "\(settings.uri): \(Self.text(err))") }
+            guard rc == 0 else { throw Failure(description: "\(settings.uri): \(Self.text(err))", code: rc) }
             return Int(requests)
         }
     }

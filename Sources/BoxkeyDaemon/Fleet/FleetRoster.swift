@@ -33,16 +33,49 @@ public struct FleetRoster: Sendable, Codable, Equatable {
     /// user who could rename their entry, a copy in another branch, or `Alice` beside `alice`
     /// must not take over another's name. Returns how many values and entries were left out.
     public mutating func add(entries: [(names: [String], number: String?, values: [String])]) -> Int {
+        add(prepared: entries.map { Prepared(names: $0.names, number: $0.number, values: $0.values) })
+    }
+
+    /// An entry as the roster takes it, its values parsed once (a box following the directory
+    /// keeps these, so a change costs it no parsing of the entries that did not change).
+    public struct Prepared: Sendable {
+        let names: [String]
+        let lookalikes: Set<String>
+        let number: UInt32?
+        /// The phones it names (key in hex, name), at most `maxValuesPerEntry`.
+        let phones: [(key: String, name: String)]
+        /// Values that are not phone keys, or past the cap.
+        let skipped: Int
+
+        public init(names: [String], number: String?, values: [String]) {
+            self.names = names
+            lookalikes = Set(names.map(FleetRoster.lookalike))
+            self.number = number.flatMap { UInt32($0) }
+            var phones: [(key: String, name: String)] = []
+            for value in values where phones.count < FleetRoster.maxValuesPerEntry {
+                if let (key, name) = FleetRoster.parse(value) { phones.append((hex(key.bytes), name)) }
+            }
+            self.phones = phones
+            skipped = values.count - phones.count
+        }
+    }
+
+    public mutating func add(prepared entries: [Prepared]) -> Int {
         var skipped = 0
         var entriesPerName: [String: Int] = [:]
         for e in entries {
-            for name in Set(e.names.map(Self.lookalike)) { entriesPerName[name, default: 0] += 1 }
+            for name in e.lookalikes { entriesPerName[name, default: 0] += 1 }
         }
         for e in entries {
-            guard e.names.count == 1, Self.isFleetName(e.names[0]), entriesPerName[Self.lookalike(e.names[0])] == 1 else { skipped += 1; continue }
+            guard e.names.count == 1, Self.isFleetName(e.names[0]), e.lookalikes.first.flatMap({ entriesPerName[$0] }) == 1 else { skipped += 1; continue }
             let user = e.names[0]
-            if let n = e.number.flatMap({ UInt32($0) }) { uidNumbers[user] = n }
-            skipped += add(user: user, values: e.values).count
+            if let n = e.number { uidNumbers[user] = n }
+            skipped += e.skipped
+            for (k, name) in e.phones {
+                var phone = phones[k] ?? Phone(users: [], name: name)
+                if !phone.users.contains(user) { phone.users.append(user) }
+                phones[k] = phone
+            }
         }
         return skipped
     }

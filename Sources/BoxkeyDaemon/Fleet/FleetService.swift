@@ -5,11 +5,13 @@ import Logging
 import NIOPosix
 import ServiceLifecycle
 
-/// Reads the fleet directory every `[fleet] refresh_s` and hands the roster to the box; keeps
-/// the last read in `<state>/fleet-roster.json` (sealed under the box's key) for a restart while
-/// the directory is away; and
-/// publishes phones enrolled here when `[fleet] publish` is on. Directory calls block, so they
-/// run on NIO's thread pool, never on the box's actor.
+/// Keeps the box's roster as the fleet directory says: it follows the directory's changes as
+/// they happen (RFC 4533 refreshAndPersist, OpenLDAP's syncprov), or, where the server refuses
+/// that or `[fleet] follow = false`, reads the whole roster every `[fleet] refresh_s`. Keeps the
+/// last roster in `<state>/fleet-roster.json` (sealed under the box's key) for a restart while
+/// the directory is away; and publishes phones enrolled here when `[fleet] publish` is on.
+/// Directory calls block, so they run on threads, never on the box's actor: the stream on a
+/// thread of its own (it waits on its socket for as long as the directory is quiet).
 struct FleetService: Service {
     let box: Box
     let directory: FleetDirectory
@@ -17,6 +19,10 @@ struct FleetService: Service {
     let logger: Logger
 
     let certificatePath: String
+
+    /// How often a box following the directory looks up again every entry whose name looks
+    /// like one of its users' (a copy made since, without phones, is not in the stream).
+    static let lookalikeRecheck: Duration = .seconds(3600)
 
     init(box: Box, settings: DaemonConfig.Fleet, stateDirectory: String, logger: Logger) {
         self.box = box
@@ -29,9 +35,9 @@ struct FleetService: Service {
     /// The box's certificate, as `boxkeyd fleet install-certificate` writes it (base64).
     public static let certificateFile = "fleet-certificate"
 
-    /// Reads this box's certificate (if it has one) and the fleet's revocation list, and has
-    /// the box serve them. A list that cannot be read keeps the one served before.
-    func serveCertificate() async throws {
+    /// Reads this box's certificate (if it has one) and the fleet's revocation list (by
+    /// `read`), and has the box serve them. A list that cannot be read keeps the one served before.
+    func serveCertificate(_ read: () async throws -> BoxRevocationList?) async {
         guard FileManager.default.fileExists(atPath: certificatePath) else { return }
         var certificate: BoxCertificate?
         if let text = FileManager.default.contents(atPath: certificatePath).map({ String(decoding: $0, as: UTF8.self) }),
@@ -40,9 +46,12 @@ struct FleetService: Service {
         } else {
             logger.error("fleet: \(certificatePath) is not a box certificate")
         }
-        let directory = directory
-        let list = try await NIOThreadPool.singleton.runIfActive { try directory.readRevocations() }
-        await box.fleetCertificate(certificate, revocations: list, now: Int64(Date().timeIntervalSince1970))
+        do {
+            let list = try await read()
+            await box.fleetCertificate(certificate, revocations: list, now: Int64(Date().timeIntervalSince1970))
+        } catch {
+            logger.warning("fleet: cannot read the revocation list at \(directory.settings.revocationsDN): \(error)")
+        }
     }
 
     func run() async throws {
@@ -54,8 +63,41 @@ struct FleetService: Service {
         } catch {
             logger.warning("fleet: \(error)")
         }
+        await box.setFleetPublisher(publisher())
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        defer { pool.shutdownGracefully { _ in } }
+        var follow = directory.settings.follow
+        var retry: Duration = .seconds(1)
+        var phonesBefore: Int?
+        while !Task.isShuttingDownGracefully {
+            var pause = directory.settings.refresh
+            if follow {
+                do {
+                    try await followChanges(on: pool, phonesBefore: &phonesBefore) { retry = .seconds(1) }
+                } catch let failure as FleetDirectory.Failure where failure.code == LDAP_UNAVAILABLE_CRITICAL_EXTENSION_CODE {
+                    logger.warning("fleet: \(directory.settings.uri) does not offer content synchronisation (RFC 4533; OpenLDAP: the syncprov overlay, docs/fleet.md): reading the whole roster every \(directory.settings.refresh.components.seconds) s instead")
+                    follow = false
+                    continue
+                } catch {
+                    if Task.isShuttingDownGracefully { break }
+                    await box.fleetReadFailed("\(error)")
+                    // Back soon after a restart of the directory, not in a tight loop.
+                    pause = retry
+                    retry = min(retry * 2, .seconds(15))
+                }
+            } else {
+                pause = await readWhole(phonesBefore: &phonesBefore)
+            }
+            let wait = pause
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: wait) }
+        }
+    }
+
+    /// With `[fleet] publish`: writes a phone enrolled here to its user's entry.
+    private func publisher() -> @Sendable (PublicKey, String, String) -> Void {
         let directory = directory, logger = logger
-        await box.setFleetPublisher { key, user, name in
+        return { key, user, name in
             Task {
                 do {
                     // Only the account getpwnam gives for this exact name (a case-insensitive NSS,
@@ -71,38 +113,126 @@ struct FleetService: Service {
                 }
             }
         }
-        var phonesBefore: Int?
-        while !Task.isShuttingDownGracefully {
-            let started = ContinuousClock.now
-            var wait = directory.settings.refresh
-            do {
-                // libldap bounds each wait, not the whole read: a directory that drips bytes can
-                // hold it for long. The box says so (status, log) while it waits.
-                let box = box, limit = directory.settings.timeout * 4
-                let watchdog = Task {
-                    try await Task.sleep(for: limit)
-                    await box.fleetReadFailed("no answer from the directory within \(limit.components.seconds) s (still waiting)")
-                }
-                defer { watchdog.cancel() }
-                let (roster, requests, skipped) = try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
-                let took = ContinuousClock.now - started
-                let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
-                await box.fleetRead(roster, requests: requests, seconds: seconds)
-                if phonesBefore != roster.phones.count {
-                    logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(skipped > 0 ? "; skipped \(skipped) value(s): not phone keys, or past \(FleetRoster.maxValuesPerEntry) on one entry" : "")")
-                    phonesBefore = roster.phones.count
-                }
-                do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
-                do { try await serveCertificate() } catch {
-                    logger.warning("fleet: cannot read the revocation list at \(directory.settings.revocationsDN): \(error)")
-                }
-            } catch {
-                await box.fleetReadFailed("\(error)")
-                // Retry sooner than the refresh, not in a tight loop.
-                wait = min(wait, .seconds(15))
+    }
+
+    /// One whole read of the roster (polling); returns the pause before the next.
+    private func readWhole(phonesBefore: inout Int?) async -> Duration {
+        let started = ContinuousClock.now
+        do {
+            // libldap bounds each wait, not the whole read: a directory that drips bytes can
+            // hold it for long. The box says so (status, log) while it waits.
+            let box = box, limit = directory.settings.timeout * 4, directory = directory
+            let watchdog = Task {
+                try await Task.sleep(for: limit)
+                await box.fleetReadFailed("no answer from the directory within \(limit.components.seconds) s (still waiting)")
             }
-            let pause = wait
-            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: pause) }
+            defer { watchdog.cancel() }
+            let (roster, requests, skipped) = try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
+            await took(roster, requests: requests, skipped: skipped, since: started, phonesBefore: &phonesBefore, how: "")
+            await serveCertificate { try await NIOThreadPool.singleton.runIfActive { try directory.readRevocations() } }
+            return directory.settings.refresh
+        } catch {
+            await box.fleetReadFailed("\(error)")
+            // Retry sooner than the refresh, not in a tight loop.
+            return min(directory.settings.refresh, .seconds(15))
+        }
+    }
+
+    /// Hands a roster to the box, logs it when its size changed, and caches it (unless `cache`
+    /// is false: the caller saves it soon, once for a burst of changes).
+    private func took(_ roster: FleetRoster, requests: Int, skipped: Int, since started: ContinuousClock.Instant, phonesBefore: inout Int?, how: String,
+                      cache: Bool = true) async {
+        let took = ContinuousClock.now - started
+        let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+        await box.fleetRead(roster, requests: requests, seconds: seconds)
+        if phonesBefore != roster.phones.count {
+            logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(how)\(skipped > 0 ? "; skipped \(skipped) value(s): not phone keys, or past \(FleetRoster.maxValuesPerEntry) on one entry" : "")")
+            phonesBefore = roster.phones.count
+        }
+        if cache { save(roster) }
+    }
+
+    private func save(_ roster: FleetRoster) {
+        do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
+    }
+
+    /// Follows the directory until shutdown (returns) or until the stream fails (throws; the
+    /// code says whether the server refused it). `refreshed` is called once the whole set is in.
+    private func followChanges(on pool: NIOThreadPool, phonesBefore: inout Int?, refreshed: () -> Void) async throws {
+        let follower = FleetFollower(directory: directory)
+        defer { follower.close() }
+        let settings = directory.settings
+        // Each call waits on the thread; a graceful shutdown wakes it (`interrupt`).
+        func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+            try await cancelWhenGracefulShutdown {
+                try await withTaskCancellationHandler { try await pool.runIfActive(body) } onCancel: { follower.interrupt() }
+            }
+        }
+        let started = ContinuousClock.now
+        try await blocking { try follower.start() }
+        var mirror = FleetMirror()
+        var messages = 0
+        while !mirror.refreshed {
+            let changes = try await blocking { try follower.next(timeout: settings.timeout * 4) }
+            guard !changes.isEmpty else { throw FleetDirectory.Failure(description: "no answer from the directory within \((settings.timeout * 4).components.seconds) s") }
+            _ = mirror.apply(changes)
+            messages += changes.count
+            guard messages <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
+        }
+        let (names, dns) = (mirror.names, mirror.dns)
+        let (others, lookups) = try await blocking { try follower.lookalikes(of: names, besides: dns) }
+        mirror.addLookalikes(others, replacing: true)
+        var (roster, skipped) = mirror.roster(readAt: Date())
+        await took(roster, requests: 1 + lookups, skipped: skipped, since: started, phonesBefore: &phonesBefore, how: "; following its changes")
+        refreshed()
+        await serveCertificate { try await blocking { try follower.readRevocations() } }
+        var lastPing = ContinuousClock.now, lastLookalikes = ContinuousClock.now
+        // The cache is written a second after a change, once for a burst of them: the box
+        // acts on a change at once, and the file is for a restart.
+        var saveAt: ContinuousClock.Instant?
+        while !Task.isShuttingDownGracefully {
+            let wait = max(.zero, min(settings.refresh - (ContinuousClock.now - lastPing), saveAt.map { $0 - ContinuousClock.now } ?? .seconds(86_400)))
+            let changes: [FleetMirror.Change]
+            do { changes = try await blocking { try follower.next(timeout: wait) } } catch {
+                if saveAt != nil { save(roster) }  // what the box acts on survives a restart
+                throw error
+            }
+            let changed = ContinuousClock.now
+            if let due = saveAt, changed >= due {
+                save(roster)
+                saveAt = nil
+            }
+            if !changes.isEmpty {
+                let newNames = mirror.apply(changes)
+                var requests = 0
+                if !newNames.isEmpty {
+                    let dns = mirror.dns
+                    let (others, lookups) = try await blocking { try follower.lookalikes(of: newNames, besides: dns) }
+                    mirror.addLookalikes(others)
+                    requests = lookups
+                }
+                (roster, skipped) = mirror.roster(readAt: Date())
+                await took(roster, requests: requests, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: false)
+                saveAt = saveAt ?? changed + .seconds(1)
+            }
+            guard ContinuousClock.now - lastPing >= settings.refresh else { continue }
+            // A quiet stream and a dead connection look the same: a one-entry read tells them
+            // apart (bounded by timeout_s), and keeps the roster fresh for max_stale_s.
+            try await blocking { try follower.ping() }
+            lastPing = ContinuousClock.now
+            if lastPing - lastLookalikes >= Self.lookalikeRecheck {
+                let (names, dns) = (mirror.names, mirror.dns)
+                let (others, _) = try await blocking { try follower.lookalikes(of: names, besides: dns) }
+                mirror.addLookalikes(others, replacing: true)
+                lastLookalikes = lastPing
+            }
+            (roster, skipped) = mirror.roster(readAt: Date())
+            await took(roster, requests: 1, skipped: skipped, since: lastPing, phonesBefore: &phonesBefore, how: "")
+            saveAt = nil
+            await serveCertificate { try await blocking { try follower.readRevocations() } }
         }
     }
 }
+
+/// unavailableCriticalExtension: the server does not do what a critical control asks.
+let LDAP_UNAVAILABLE_CRITICAL_EXTENSION_CODE: Int32 = 12

@@ -42,6 +42,39 @@ int boxkey_ldap_change(boxkey_ldap *ld, const char *dn, int operation, const cha
 int boxkey_ldap_swap(boxkey_ldap *ld, const char *dn, const char *attr, const char *old,
                      const char *value, char *err, size_t err_len);
 
+/* Content synchronisation (RFC 4533, OpenLDAP's syncprov overlay), refreshAndPersist: the
+   server sends every entry matching `filter` under `base`, says when that refresh is done, and
+   then sends each change as it happens, on the same connection, until the connection ends. */
+enum { BOXKEY_LDAP_SYNC_REFRESHED = 100 };
+
+/* One message of the stream: `state` is LDAP_SYNC_PRESENT/ADD/MODIFY (0-2: the entry as it is
+   now), LDAP_SYNC_DELETE (3: gone, or no longer matching; no attributes), or
+   BOXKEY_LDAP_SYNC_REFRESHED (the whole refresh has been sent; no entry). `uuid`: the entry's
+   16-byte entryUUID, which survives renames. Returns 0 (anything else is ignored). */
+typedef int (*boxkey_ldap_sync_change)(void *context, int state, const unsigned char *uuid, const char *dn,
+                                       const char *const *names, int name_count, const char *number,
+                                       const char *const *values, int count);
+
+/* Starts the stream; `*msgid` names it for boxkey_ldap_sync_poll. */
+int boxkey_ldap_sync_start(boxkey_ldap *ld, const char *base, const char *filter,
+                           const char *names_attr, const char *values_attr, int *msgid,
+                           char *err, size_t err_len);
+
+/* Waits up to `timeout_ms` for the stream's next message, then hands it and every one that has
+   already arrived to `change`; `*handled` counts them (0: the wait ended with none). Returns 0,
+   or the LDAP code when the stream ended or broke: LDAP_UNAVAILABLE_CRITICAL_EXTENSION when the
+   server has no content synchronisation. */
+int boxkey_ldap_sync_poll(boxkey_ldap *ld, int msgid, int timeout_ms, const char *names_attr,
+                          const char *values_attr, boxkey_ldap_sync_change change, void *context,
+                          int *handled, char *err, size_t err_len);
+
+/* A base-scope read of `base` for no attributes: proves the connection and the server alive. */
+int boxkey_ldap_ping(boxkey_ldap *ld, const char *base, char *err, size_t err_len);
+
+/* The connection's socket (-1 if none): shutdown(2) on it from another thread wakes a
+   boxkey_ldap_sync_poll that waits, which then fails. */
+int boxkey_ldap_descriptor(boxkey_ldap *ld);
+
 void boxkey_ldap_close(boxkey_ldap *ld);
 
 #endif
