@@ -151,8 +151,12 @@ static char **copy_values(struct berval **values) {
     int count = ldap_count_values_len(values);
     char **out = calloc((size_t)count + 1, sizeof(char *));
     for (int i = 0; out && i < count; i++) {
-        out[i] = strndup(values[i]->bv_val, values[i]->bv_len);
+        out[i] = malloc(values[i]->bv_len + 1);
         if (!out[i]) { for (int j = 0; j < i; j++) free(out[j]); free(out); return NULL; }
+        /* A NUL inside a value would cut it short (`alice\0x` read as `alice`): it becomes DEL,
+           which no login name or phone key takes. */
+        for (ber_len_t k = 0; k < values[i]->bv_len; k++) out[i][k] = values[i]->bv_val[k] ? values[i]->bv_val[k] : 0x7f;
+        out[i][values[i]->bv_len] = 0;
     }
     return out;
 }
@@ -375,13 +379,13 @@ static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change,
     return rc;
 }
 
-int boxkey_ldap_sync_poll(boxkey_ldap *handle, int msgid, int timeout_ms, const char *names_attr,
+int boxkey_ldap_sync_poll(boxkey_ldap *handle, int msgid, int timeout_ms, int max_messages, const char *names_attr,
                           const char *values_attr, boxkey_ldap_sync_change change, void *context,
                           int *handled, char *err, size_t err_len) {
     LDAP *ld = (LDAP *)handle;
     struct timeval wait = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
     *handled = 0;
-    for (;;) {
+    while (*handled < max_messages) {
         LDAPMessage *msg = NULL;
         int type = ldap_result(ld, msgid, LDAP_MSG_ONE, &wait, &msg);
         if (type == 0) return 0;
@@ -410,6 +414,7 @@ int boxkey_ldap_sync_poll(boxkey_ldap *handle, int msgid, int timeout_ms, const 
         if (rc) return rc;
         (*handled)++;
     }
+    return 0;
 }
 
 int boxkey_ldap_ping(boxkey_ldap *handle, const char *base, char *err, size_t err_len) {

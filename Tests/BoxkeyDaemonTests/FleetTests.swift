@@ -153,40 +153,91 @@ import Testing
 
     // MARK: - Following the directory (FleetMirror)
 
-    func entry(_ dn: String, _ name: String, _ phones: [PublicKey]) -> FleetMirror.Entry {
-        .init(dn: "uid=\(dn),ou=people", names: [name], number: nil, values: phones.map { FleetRoster.value(key: $0, name: "") })
+    func entry(_ dn: String, _ name: String, _ phones: [PublicKey], number: String? = nil) -> FleetMirror.Entry {
+        .init(dn: dn.contains("=") ? dn : "uid=\(dn),ou=people", names: name.isEmpty ? [] : [name], number: number,
+              values: phones.map { FleetRoster.value(key: $0, name: "") })
     }
+
+    func users(_ mirror: FleetMirror, _ phone: PublicKey) -> [String] {
+        mirror.roster(readAt: Date()).roster.users(of: phone, now: Date(), maxStale: .seconds(60))
+    }
+
+    let a: [UInt8] = Array(repeating: 1, count: 16), b: [UInt8] = Array(repeating: 2, count: 16), c: [UInt8] = Array(repeating: 3, count: 16)
 
     @Test func aFollowedDirectoryGivesTheRosterAWholeReadWouldGive() {
         var mirror = FleetMirror()
-        let a: [UInt8] = Array(repeating: 1, count: 16), b: [UInt8] = Array(repeating: 2, count: 16)
-        let names = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .entry(uuid: b, entry("bob", "bob", [bobPhone]))])
-        #expect(names == ["alice", "bob"])
+        let (changed, names) = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .entry(uuid: b, entry("bob", "bob", [bobPhone]))])
+        #expect(changed && names == ["alice", "bob"])
         #expect(!mirror.refreshed)
         _ = mirror.apply([.refreshed])
         #expect(mirror.refreshed)
-        var roster = mirror.roster(readAt: Date()).roster
-        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
-        // A revocation: bob's entry changes (a value taken away), then leaves the filter (deleted).
-        #expect(mirror.apply([.entry(uuid: b, entry("bob", "bob", []))]).isEmpty)  // same name: no look-up
-        _ = mirror.apply([.deleted(uuid: b)])
-        roster = mirror.roster(readAt: Date()).roster
-        #expect(roster.users(of: bobPhone, now: Date(), maxStale: .seconds(60)).isEmpty)
-        #expect(roster.phones.count == 1)
+        #expect(users(mirror, alicePhone) == ["alice"])
+        // The same entry again (someone rewrote her description): nothing to do.
+        #expect(mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone]))]) == (false, []))
+        // A revocation: bob's entry leaves the filter. Its name is looked up again: the entry
+        // may still be there, without phones.
+        #expect(mirror.apply([.deleted(uuid: b)]) == (true, ["bob"]))
+        #expect(users(mirror, bobPhone).isEmpty)
+        #expect(mirror.roster(readAt: Date()).roster.phones.count == 1)
         // A rename (same entryUUID, new DN and name) is a new name to look up.
-        #expect(mirror.apply([.entry(uuid: a, entry("alice2", "alice2", [alicePhone]))]) == ["alice2"])
-        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice2"])
+        #expect(mirror.apply([.entry(uuid: a, entry("alice2", "alice2", [alicePhone]))]).lookUp == ["alice2", "alice"])
+        #expect(users(mirror, alicePhone) == ["alice2"])
     }
 
-    @Test func aLookAlikeFoundLaterTakesTheNameUntilAWholeLookUpNoLongerFindsIt() {
+    @Test func aCopyOfAliceDoesNotInheritHerNameWhenHerOwnEntryLosesItsPhones() {
         var mirror = FleetMirror()
-        _ = mirror.apply([.entry(uuid: Array(repeating: 1, count: 16), entry("alice", "alice", [alicePhone])), .refreshed])
-        mirror.addLookalikes([entry("alice", "alice", [])])  // the followed entry itself: not a look-alike
-        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
-        mirror.addLookalikes([.init(dn: "uid=Alice,ou=others", names: ["Alice"], number: nil, values: [])])
-        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)).isEmpty)
-        mirror.addLookalikes([], replacing: true)
-        #expect(mirror.roster(readAt: Date()).roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)) == ["alice"])
+        let mallory = KeyPair.generate().publicKey
+        // alice's entry, and a copy named alice in another branch with mallory's phone: neither vouches.
+        _ = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])),
+                          .entry(uuid: b, entry("uid=alice,ou=others,ou=people", "alice", [mallory])), .refreshed])
+        #expect(users(mirror, alicePhone).isEmpty && users(mirror, mallory).isEmpty)
+        // alice's phone is revoked: her entry leaves the stream but is still there.
+        #expect(mirror.apply([.deleted(uuid: a)]).lookUp == ["alice"])
+        #expect(users(mirror, mallory).isEmpty)
+        // The look-up finds it (and the copy, which is followed): still nobody.
+        mirror.lookedUp(["alice"], found: [entry("alice", "alice", []), entry("uid=alice,ou=others,ou=people", "alice", [])])
+        #expect(users(mirror, mallory).isEmpty)
+        // Only once the directory has no other alice does the copy's name vouch.
+        mirror.lookedUp(["alice"], found: [entry("uid=alice,ou=others,ou=people", "alice", [])])
+        #expect(users(mirror, mallory) == ["alice"])
+    }
+
+    @Test func aLookAlikeFoundLaterTakesTheNameUntilALookUpNoLongerFindsIt() {
+        var mirror = FleetMirror()
+        _ = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .refreshed])
+        mirror.lookedUp(["alice"], found: [entry("alice", "alice", [])])  // the followed entry itself: not a look-alike
+        #expect(users(mirror, alicePhone) == ["alice"])
+        mirror.lookedUp(["alice"], found: [entry("uid=Alice,ou=others", "Alice", [])])
+        #expect(users(mirror, alicePhone).isEmpty)
+        mirror.lookedUp(["bob"], found: [])  // another name's look-up leaves alice's look-alike
+        #expect(users(mirror, alicePhone).isEmpty)
+        mirror.lookedUp(nil, found: [])
+        #expect(users(mirror, alicePhone) == ["alice"])
+    }
+
+    @Test func aSubtreeMovedOutOfTheBaseTakesItsUsersAndOneMovedWithinKeepsThem() {
+        var mirror = FleetMirror()
+        _ = mirror.apply([.entry(uuid: a, entry("ou=team,ou=people", "", [])),
+                          .entry(uuid: b, entry("uid=carol,ou=team,ou=people", "carol", [alicePhone])),
+                          .entry(uuid: c, entry("uid=dave,ou=people", "dave", [bobPhone])), .refreshed])
+        #expect(users(mirror, alicePhone) == ["carol"])
+        #expect(mirror.roster(readAt: Date()).skipped == 0)  // the container is not a skipped entry
+        // Renamed within the base: carol's entry is below the new name.
+        #expect(mirror.apply([.entry(uuid: a, entry("ou=crew,ou=people", "", []))]).changed)
+        #expect(mirror.followedDNs.contains("uid=carol,ou=crew,ou=people"))
+        #expect(users(mirror, alicePhone) == ["carol"])
+        // Moved out: the server tells of the container only.
+        _ = mirror.apply([.deleted(uuid: a)])
+        #expect(users(mirror, alicePhone).isEmpty)
+        #expect(users(mirror, bobPhone) == ["dave"])
+    }
+
+    @Test func anEntryWithThousandsOfValuesIsHeldAsSixteen() {
+        var mirror = FleetMirror()
+        let values = (0..<5000).map { _ in FleetRoster.value(key: KeyPair.generate().publicKey, name: "") }
+        _ = mirror.apply([.entry(uuid: a, .init(dn: "uid=alice,ou=people", names: ["alice"], number: nil, values: values)), .refreshed])
+        let (roster, skipped) = mirror.roster(readAt: Date())
+        #expect(roster.phones.count == FleetRoster.maxValuesPerEntry && skipped == 5000 - FleetRoster.maxValuesPerEntry)
     }
 
     @Test func theFleetSectionParses() throws {

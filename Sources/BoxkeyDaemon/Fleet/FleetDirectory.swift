@@ -13,8 +13,11 @@ public struct FleetDirectory: Sendable {
     public static let userClass = "boxkeyUser"
     /// Entries per round trip when reading the roster.
     public static let pageSize = 1000
-    /// The entries a box reads or follows: users with phones.
+    /// The entries a box reads: users with phones.
     static let rosterFilter = "(&(objectClass=\(userClass))(\(phoneAttribute)=*))"
+    /// The entries a box follows: users with phones, and the containers that may hold them (a
+    /// subtree moved out of the base is told of by its top entry only).
+    static let followFilter = "(|\(rosterFilter)(objectClass=organizationalUnit)(objectClass=organization)(objectClass=domain)(objectClass=dcObject)(objectClass=locality)(objectClass=country))"
 
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
@@ -109,6 +112,7 @@ public struct FleetDirectory: Sendable {
     /// Every entry but those in `besides` that the server matches to one of `names` (its own
     /// matching rules: case, width), in batches of one filter each; and the round trips.
     func lookalikes(_ ld: OpaquePointer, of names: Set<String>, besides: Set<String>) throws -> (entries: [FleetMirror.Entry], requests: Int) {
+        // (`besides`: the DNs as the server gives them.)
         var found: [FleetMirror.Entry] = []
         var seen = besides
         var requests = 0

@@ -17,6 +17,10 @@ final class FleetFollower: @unchecked Sendable {
 
     init(directory: FleetDirectory) { self.directory = directory }
 
+    /// Messages handed over per `next`: a server that floods the stream fills no more memory
+    /// than this at once, and the box checks its limits between batches.
+    static let messagesPerCall: Int32 = 1000
+
     deinit { close() }
 
     /// Connects, binds and asks for the stream. A server without content synchronisation
@@ -27,7 +31,7 @@ final class FleetFollower: @unchecked Sendable {
         descriptor.withLockedValue { $0 = boxkey_ldap_descriptor(ld) }
         var err = [CChar](repeating: 0, count: 512)
         let settings = directory.settings
-        let rc = boxkey_ldap_sync_start(ld, settings.base, FleetDirectory.rosterFilter, settings.userAttribute, FleetDirectory.phoneAttribute, &msgid, &err, err.count)
+        let rc = boxkey_ldap_sync_start(ld, settings.base, FleetDirectory.followFilter, settings.userAttribute, FleetDirectory.phoneAttribute, &msgid, &err, err.count)
         guard rc == 0 else { throw FleetDirectory.Failure(description: "\(settings.uri): \(FleetDirectory.text(err))", code: rc) }
     }
 
@@ -42,13 +46,15 @@ final class FleetFollower: @unchecked Sendable {
         let ms = Int32(min(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000, Int64(Int32.max)))
         let settings = directory.settings
         let rc = withExtendedLifetime(sink) {
-            boxkey_ldap_sync_poll(handle, msgid, ms, settings.userAttribute, FleetDirectory.phoneAttribute, { context, state, uuid, dn, names, nameCount, number, values, count in
+            boxkey_ldap_sync_poll(handle, msgid, ms, Self.messagesPerCall, settings.userAttribute, FleetDirectory.phoneAttribute, { context, state, uuid, dn, names, nameCount, number, values, count in
                 let sink = Unmanaged<Sink>.fromOpaque(context!).takeUnretainedValue()
                 if state == Int32(BOXKEY_LDAP_SYNC_REFRESHED) {
                     sink.changes.append(.refreshed)
                     return 0
                 }
-                guard let uuid else { return 0 }
+                // Present (0) says an entry is as the consumer's cookie left it: the box sends no
+                // cookie, so it has nothing to keep; one sent anyway is left out (fail closed).
+                guard let uuid, state != 0 else { return 0 }
                 let id = Array(UnsafeBufferPointer(start: uuid, count: 16))
                 if state == 3 /* LDAP_SYNC_DELETE */ {
                     sink.changes.append(.deleted(uuid: id))

@@ -38,12 +38,16 @@ public struct FleetRoster: Sendable, Codable, Equatable {
 
     /// An entry as the roster takes it, its values parsed once (a box following the directory
     /// keeps these, so a change costs it no parsing of the entries that did not change).
-    public struct Prepared: Sendable {
+    public struct Prepared: Sendable, Equatable {
+        public struct Value: Sendable, Equatable {
+            let key: String
+            let name: String
+        }
         let names: [String]
         let lookalikes: Set<String>
         let number: UInt32?
         /// The phones it names (key in hex, name), at most `maxValuesPerEntry`.
-        let phones: [(key: String, name: String)]
+        let phones: [Value]
         /// Values that are not phone keys, or past the cap.
         let skipped: Int
 
@@ -51,9 +55,9 @@ public struct FleetRoster: Sendable, Codable, Equatable {
             self.names = names
             lookalikes = Set(names.map(FleetRoster.lookalike))
             self.number = number.flatMap { UInt32($0) }
-            var phones: [(key: String, name: String)] = []
+            var phones: [Value] = []
             for value in values where phones.count < FleetRoster.maxValuesPerEntry {
-                if let (key, name) = FleetRoster.parse(value) { phones.append((hex(key.bytes), name)) }
+                if let (key, name) = FleetRoster.parse(value) { phones.append(Value(key: hex(key.bytes), name: name)) }
             }
             self.phones = phones
             skipped = values.count - phones.count
@@ -71,10 +75,10 @@ public struct FleetRoster: Sendable, Codable, Equatable {
             let user = e.names[0]
             if let n = e.number { uidNumbers[user] = n }
             skipped += e.skipped
-            for (k, name) in e.phones {
-                var phone = phones[k] ?? Phone(users: [], name: name)
+            for value in e.phones {
+                var phone = phones[value.key] ?? Phone(users: [], name: value.name)
                 if !phone.users.contains(user) { phone.users.append(user) }
-                phones[k] = phone
+                phones[value.key] = phone
             }
         }
         return skipped

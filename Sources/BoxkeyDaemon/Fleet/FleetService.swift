@@ -20,10 +20,6 @@ struct FleetService: Service {
 
     let certificatePath: String
 
-    /// How often a box following the directory looks up again every entry whose name looks
-    /// like one of its users' (a copy made since, without phones, is not in the stream).
-    static let lookalikeRecheck: Duration = .seconds(3600)
-
     init(box: Box, settings: DaemonConfig.Fleet, stateDirectory: String, logger: Logger) {
         self.box = box
         directory = FleetDirectory(settings: settings)
@@ -75,6 +71,7 @@ struct FleetService: Service {
             if follow {
                 do {
                     try await followChanges(on: pool, phonesBefore: &phonesBefore) { retry = .seconds(1) }
+                    continue  // the hourly whole refresh: at once
                 } catch let failure as FleetDirectory.Failure where failure.code == LDAP_UNAVAILABLE_CRITICAL_EXTENSION_CODE {
                     logger.warning("fleet: \(directory.settings.uri) does not offer content synchronisation (RFC 4533; OpenLDAP: the syncprov overlay, docs/fleet.md): reading the whole roster every \(directory.settings.refresh.components.seconds) s instead")
                     follow = false
@@ -156,8 +153,9 @@ struct FleetService: Service {
         do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
     }
 
-    /// Follows the directory until shutdown (returns) or until the stream fails (throws; the
-    /// code says whether the server refused it). `refreshed` is called once the whole set is in.
+    /// Follows the directory until shutdown or the next whole refresh is due (returns), or until
+    /// the stream fails (throws; the code says whether the server refused it). `refreshed` is
+    /// called once the whole set is in.
     private func followChanges(on pool: NIOThreadPool, phonesBefore: inout Int?, refreshed: () -> Void) async throws {
         let follower = FleetFollower(directory: directory)
         defer { follower.close() }
@@ -168,33 +166,50 @@ struct FleetService: Service {
                 try await withTaskCancellationHandler { try await pool.runIfActive(body) } onCancel: { follower.interrupt() }
             }
         }
+        func lookUp(_ names: Set<String>?, in mirror: inout FleetMirror) async throws -> Int {
+            let (all, besides) = (names ?? mirror.names, mirror.followedDNs)
+            let (found, requests) = try await blocking { try follower.lookalikes(of: all, besides: besides) }
+            mirror.lookedUp(names, found: found)
+            return requests
+        }
         let started = ContinuousClock.now
+        // A whole refresh now and then (an hour, give or take, so boxes started together spread
+        // out) finds what the stream cannot tell: a look-alike made without phones, a subtree
+        // moved out of the base below a container the stream does not follow.
+        let resyncAt = started + .seconds(Int64.random(in: 3240...3960))
         try await blocking { try follower.start() }
         var mirror = FleetMirror()
-        var messages = 0
+        var reported = false, heard = started
         while !mirror.refreshed {
-            let changes = try await blocking { try follower.next(timeout: settings.timeout * 4) }
-            guard !changes.isEmpty else { throw FleetDirectory.Failure(description: "no answer from the directory within \((settings.timeout * 4).components.seconds) s") }
+            let changes = try await blocking { try follower.next(timeout: settings.timeout) }
+            if !changes.isEmpty { heard = ContinuousClock.now }
+            guard ContinuousClock.now - heard < settings.timeout * 4 else {
+                throw FleetDirectory.Failure(description: "no answer from the directory within \((settings.timeout * 4).components.seconds) s")
+            }
             _ = mirror.apply(changes)
-            messages += changes.count
-            guard messages <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
+            guard mirror.count <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
+            // libldap bounds each wait, not a refresh that drips: the box says so meanwhile.
+            if !reported, ContinuousClock.now - started > settings.timeout * 4 {
+                await box.fleetReadFailed("the directory's refresh has not finished within \((settings.timeout * 4).components.seconds) s (still reading)")
+                reported = true
+            }
         }
-        let (names, dns) = (mirror.names, mirror.dns)
-        let (others, lookups) = try await blocking { try follower.lookalikes(of: names, besides: dns) }
-        mirror.addLookalikes(others, replacing: true)
+        let lookups = try await lookUp(nil, in: &mirror)
         var (roster, skipped) = mirror.roster(readAt: Date())
         await took(roster, requests: 1 + lookups, skipped: skipped, since: started, phonesBefore: &phonesBefore, how: "; following its changes")
         refreshed()
         await serveCertificate { try await blocking { try follower.readRevocations() } }
-        var lastPing = ContinuousClock.now, lastLookalikes = ContinuousClock.now
-        // The cache is written a second after a change, once for a burst of them: the box
-        // acts on a change at once, and the file is for a restart.
+        var lastPing = ContinuousClock.now
+        // After a change that only adds, the cache is written a second later, once for a burst
+        // of them; after one that takes a phone away, at once (a restart must not bring it back).
         var saveAt: ContinuousClock.Instant?
         while !Task.isShuttingDownGracefully {
-            let wait = max(.zero, min(settings.refresh - (ContinuousClock.now - lastPing), saveAt.map { $0 - ContinuousClock.now } ?? .seconds(86_400)))
+            let now = ContinuousClock.now
+            guard now < resyncAt else { break }
+            let wait = max(.zero, min(settings.refresh - (now - lastPing), (saveAt ?? resyncAt) - now, resyncAt - now))
             let changes: [FleetMirror.Change]
             do { changes = try await blocking { try follower.next(timeout: wait) } } catch {
-                if saveAt != nil { save(roster) }  // what the box acts on survives a restart
+                if saveAt != nil { save(roster) }
                 throw error
             }
             let changed = ContinuousClock.now
@@ -202,35 +217,27 @@ struct FleetService: Service {
                 save(roster)
                 saveAt = nil
             }
-            if !changes.isEmpty {
-                let newNames = mirror.apply(changes)
-                var requests = 0
-                if !newNames.isEmpty {
-                    let dns = mirror.dns
-                    let (others, lookups) = try await blocking { try follower.lookalikes(of: newNames, besides: dns) }
-                    mirror.addLookalikes(others)
-                    requests = lookups
-                }
+            let (anything, names) = mirror.apply(changes)
+            guard mirror.count <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
+            if anything {
+                let requests = names.isEmpty ? 0 : try await lookUp(names, in: &mirror)
+                let previous = roster
                 (roster, skipped) = mirror.roster(readAt: Date())
-                await took(roster, requests: requests, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: false)
-                saveAt = saveAt ?? changed + .seconds(1)
+                let lost = !roster.lost(since: previous).isEmpty
+                await took(roster, requests: requests, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: lost)
+                saveAt = lost ? nil : saveAt ?? changed + .seconds(1)
             }
             guard ContinuousClock.now - lastPing >= settings.refresh else { continue }
             // A quiet stream and a dead connection look the same: a one-entry read tells them
             // apart (bounded by timeout_s), and keeps the roster fresh for max_stale_s.
             try await blocking { try follower.ping() }
             lastPing = ContinuousClock.now
-            if lastPing - lastLookalikes >= Self.lookalikeRecheck {
-                let (names, dns) = (mirror.names, mirror.dns)
-                let (others, _) = try await blocking { try follower.lookalikes(of: names, besides: dns) }
-                mirror.addLookalikes(others, replacing: true)
-                lastLookalikes = lastPing
-            }
             (roster, skipped) = mirror.roster(readAt: Date())
             await took(roster, requests: 1, skipped: skipped, since: lastPing, phonesBefore: &phonesBefore, how: "")
             saveAt = nil
             await serveCertificate { try await blocking { try follower.readRevocations() } }
         }
+        if saveAt != nil { save(roster) }
     }
 }
 

@@ -60,11 +60,12 @@ int boxkey_ldap_sync_start(boxkey_ldap *ld, const char *base, const char *filter
                            const char *names_attr, const char *values_attr, int *msgid,
                            char *err, size_t err_len);
 
-/* Waits up to `timeout_ms` for the stream's next message, then hands it and every one that has
-   already arrived to `change`; `*handled` counts them (0: the wait ended with none). Returns 0,
+/* Waits up to `timeout_ms` for the stream's next message, then hands it and those that have
+   already arrived (at most `max_messages` in all) to `change`; `*handled` counts them (0: the
+   wait ended with none). Returns 0,
    or the LDAP code when the stream ended or broke: LDAP_UNAVAILABLE_CRITICAL_EXTENSION when the
    server has no content synchronisation. */
-int boxkey_ldap_sync_poll(boxkey_ldap *ld, int msgid, int timeout_ms, const char *names_attr,
+int boxkey_ldap_sync_poll(boxkey_ldap *ld, int msgid, int timeout_ms, int max_messages, const char *names_attr,
                           const char *values_attr, boxkey_ldap_sync_change change, void *context,
                           int *handled, char *err, size_t err_len);
 
