@@ -51,8 +51,10 @@ public struct FleetMirror: Sendable {
     public var count: Int { followed.count }
 
     /// Applies messages. `changed`: whether the roster may differ (a rewrite of what the roster
-    /// does not use, a user's description, changes nothing); `lookUp`: the names to look up
-    /// among all entries (`lookedUp`) before the roster is made: names that came, changed or left.
+    /// does not use, a user's description, changes nothing). `lookUp`: names that came (a new
+    /// entry, a rename) and must be looked up among all entries (`lookedUp`) before the roster
+    /// vouches for them. A name that left (an entry out of the stream) is not looked up: that
+    /// could only let a copy of it vouch again, which waits for the next whole refresh.
     public mutating func apply(_ changes: [Change]) -> (changed: Bool, lookUp: Set<String>) {
         var changed = false
         var lookUp = Set<String>()
@@ -69,7 +71,7 @@ public struct FleetMirror: Sendable {
                 }
                 changed = true
                 if let old, Self.key(old.dn) != Self.key(new.dn) { move(below: old.dn, to: new.dn) }
-                if old?.entry.names != new.entry.names { lookUp.formUnion(new.entry.names + (old?.entry.names ?? [])) }
+                if old?.entry.names != new.entry.names { lookUp.formUnion(new.entry.names) }
                 followed[uuid] = new
                 lookalikes[Self.key(e.dn)] = nil
             case .deleted(let uuid):
@@ -79,10 +81,10 @@ public struct FleetMirror: Sendable {
                 let suffix = "," + Self.key(old.dn)
                 for (id, held) in followed where Self.key(held.dn).hasSuffix(suffix) { followed[id] = nil }
                 // Its last phone taken, the entry is still there, out of the stream: its name
-                // keeps counting against look-alikes until a look-up says it is gone.
+                // keeps counting against copies of it until a look-up of that name (the entry
+                // back with a phone) or the next whole refresh says otherwise.
                 if !old.entry.names.isEmpty {
                     lookalikes[Self.key(old.dn)] = Held(dn: old.dn, entry: FleetRoster.Prepared(names: old.entry.names, number: old.entry.number.map { String($0) }, values: []))
-                    lookUp.formUnion(old.entry.names)
                 }
             case .refreshed:
                 refreshed = true
