@@ -31,11 +31,22 @@ public struct FleetMirror: Sendable {
     /// An entry as the roster takes it (its values parsed and capped when it came: an entry
     /// with thousands of values costs no more to hold than one with sixteen).
     struct Held: Sendable, Equatable {
-        var dn: String
+        var dn: String {
+            didSet { key = FleetMirror.key(dn) }
+        }
+        /// The DN in lower case, made once.
+        private(set) var key: String
         var entry: FleetRoster.Prepared
         /// Of the entry as the server sent it: the same entry again (a write to an attribute
         /// the box does not read) is passed over without parsing its values.
         var digest = 0
+
+        init(dn: String, entry: FleetRoster.Prepared, digest: Int = 0) {
+            self.dn = dn
+            key = FleetMirror.key(dn)
+            self.entry = entry
+            self.digest = digest
+        }
         /// A container (no login name, no phone): followed only for the entries below it.
         var isContainer: Bool { entry.names.isEmpty && entry.phones.isEmpty && entry.skipped == 0 }
     }
@@ -70,21 +81,21 @@ public struct FleetMirror: Sendable {
                     continue
                 }
                 changed = true
-                if let old, Self.key(old.dn) != Self.key(new.dn) { move(below: old.dn, to: new.dn) }
+                if let old, old.key != new.key { move(below: old.dn, to: new.dn) }
                 if old?.entry.names != new.entry.names { lookUp.formUnion(new.entry.names) }
                 followed[uuid] = new
-                lookalikes[Self.key(e.dn)] = nil
+                lookalikes[new.key] = nil
             case .deleted(let uuid):
                 guard let old = followed.removeValue(forKey: uuid) else { continue }
                 changed = true
                 // A subtree moved out of the base, or deleted: the server tells of its top only.
-                let suffix = "," + Self.key(old.dn)
-                for (id, held) in followed where Self.key(held.dn).hasSuffix(suffix) { followed[id] = nil }
+                let suffix = "," + old.key
+                for (id, held) in followed where held.key.hasSuffix(suffix) { followed[id] = nil }
                 // Its last phone taken, the entry is still there, out of the stream: its name
                 // keeps counting against copies of it until a look-up of that name (the entry
                 // back with a phone) or the next whole refresh says otherwise.
                 if !old.entry.names.isEmpty {
-                    lookalikes[Self.key(old.dn)] = Held(dn: old.dn, entry: FleetRoster.Prepared(names: old.entry.names, number: old.entry.number.map { String($0) }, values: []))
+                    lookalikes[old.key] = Held(dn: old.dn, entry: FleetRoster.Prepared(names: old.entry.names, number: old.entry.number.map { String($0) }, values: []))
                 }
             case .refreshed:
                 refreshed = true
@@ -96,7 +107,7 @@ public struct FleetMirror: Sendable {
     /// The followed entries below `old` now are below `new` (a container renamed or moved).
     private mutating func move(below old: String, to new: String) {
         let suffix = "," + Self.key(old)
-        for (id, held) in followed where Self.key(held.dn).hasSuffix(suffix) {
+        for (id, held) in followed where held.key.hasSuffix(suffix) {
             followed[id]?.dn = String(held.dn.dropLast(old.count)) + new
         }
     }
@@ -118,7 +129,7 @@ public struct FleetMirror: Sendable {
 
     public var names: Set<String> { Set(followed.values.flatMap(\.entry.names)) }
     /// The followed entries' DNs, in lower case.
-    public var dns: Set<String> { Set(followed.values.map { Self.key($0.dn) }) }
+    public var dns: Set<String> { Set(followed.values.map(\.key)) }
     /// Every DN the look-ups should not count again (the followed ones), as the server gives them.
     public var followedDNs: Set<String> { Set(followed.values.map(\.dn)) }
 
