@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 import shutil
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "Tests", "e2e"))
 from conftest import PASSWORD, USERS, Logind, World, wait_for  # noqa: E402
-from slapd import ADMIN_DN, PEOPLE, Slapd  # noqa: E402
+from slapd import ADMIN_DN, BOX_DN, BOX_PASSWORD, PEOPLE, Slapd  # noqa: E402
 
 USERS_IN_DIRECTORY = 10_000
 PHONES = 2_000
@@ -163,9 +164,51 @@ def many_boxes(world, directory, key, short):
             for process, _, _ in boxes:
                 process.wait(20)
             shutil.rmtree(os.path.dirname(os.path.dirname(boxes[0][2])), ignore_errors=True)
+    samples = fan_out(directory, count, rounds, revoke, enrol)
+    p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
+    print(f"    the directory's side: revocation → each of {count} bare consumers (ldapsearch -E sync=rp) has it, {len(samples)} samples: "
+          f"p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms")
     start = time.monotonic()
     assert directory.ldap("ldapsearch", "-LLL", "-b", PEOPLE, "(uid=alice)", "1.1").returncode == 0
     print(f"    (one ldapsearch process, TLS and bind included, takes {(time.monotonic() - start) * 1000:.0f} ms here)")
+
+
+def fan_out(directory, count, rounds, revoke, enrol):
+    """The same revocations to `count` consumers that do nothing with them (OpenLDAP's ldapsearch
+    following the same filter): how long slapd takes to tell them all, apart from what the
+    boxes do with it. Boxes on their own machines see about this plus their own ~20 ms."""
+    env = dict(os.environ, LDAPTLS_CACERT=directory.ca)
+    consumers, heard, lock = [], {}, threading.Lock()
+
+    def listen(i, process):
+        for line in process.stdout:
+            if line.startswith("dn: uid=alice,"):
+                with lock:
+                    heard.setdefault(i, time.monotonic())
+
+    for i in range(count):
+        process = subprocess.Popen(["ldapsearch", "-ZZ", "-H", directory.uri, "-x", "-D", BOX_DN, "-w", BOX_PASSWORD, "-LLL",
+                                    "-b", PEOPLE, "-E", "!sync=rp", "(&(objectClass=boxkeyUser)(boxkeyPhone=*))", "uid", "uidNumber", "boxkeyPhone"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        consumers.append(process)
+        threading.Thread(target=listen, args=(i, process), daemon=True).start()
+    try:
+        time.sleep(10)  # their refreshes (2,000 entries each) done
+        samples = []
+        for _ in range(rounds):
+            with lock:
+                heard.clear()
+            start = time.monotonic()
+            assert directory.ldap("ldapmodify", input=revoke).returncode == 0
+            wait_for(lambda: len(heard) == count, timeout=30, interval=0.01, what="every consumer hearing of it")
+            samples += [t - start for t in heard.values()]
+            assert directory.ldap("ldapmodify", input=enrol).returncode == 0
+            time.sleep(1)
+        return sorted(samples)
+    finally:
+        for process in consumers:
+            process.kill()
+            process.wait()
 
 
 def start_boxes(world, directory, count, follow, refresh_s):

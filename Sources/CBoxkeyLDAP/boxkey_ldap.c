@@ -368,7 +368,13 @@ static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change,
             rc = LDAP_PROTOCOL_ERROR;
         } else {
             for (int i = 0; uuids && uuids[i].bv_val; i++) {
-                if (uuids[i].bv_len == 16) change(context, LDAP_SYNC_DELETE, (const unsigned char *)uuids[i].bv_val, "", NULL, 0, NULL, NULL, 0);
+                if (uuids[i].bv_len != 16) {
+                    /* A deletion the box cannot place: start again rather than keep the entry. */
+                    snprintf(err, err_len, "content synchronisation: an entry UUID of %lu bytes", (unsigned long)uuids[i].bv_len);
+                    rc = LDAP_PROTOCOL_ERROR;
+                    break;
+                }
+                change(context, LDAP_SYNC_DELETE, (const unsigned char *)uuids[i].bv_val, "", NULL, 0, NULL, NULL, 0);
             }
         }
         if (uuids) ber_bvarray_free(uuids);

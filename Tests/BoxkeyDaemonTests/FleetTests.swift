@@ -223,6 +223,59 @@ import Testing
         #expect(users(mirror, newPhone) == ["alice"])
     }
 
+    /// Second review, H1: a look-up of a name the fleet does not take (`Alice`) searched
+    /// nothing and cleared alice's look-alike; renamed away, it let a copy vouch for alice.
+    @Test func aNameTheFleetDoesNotTakeIsLookedUpAsWhatItLooksLikeAndClearsNothingElse() {
+        var mirror = FleetMirror()
+        let mallory = KeyPair.generate().publicKey
+        let copy = "uid=alice,ou=others,ou=people", alice = entry("alice", "alice", [])
+        _ = mirror.apply([.entry(uuid: a, entry(copy, "alice", [mallory])), .refreshed])
+        mirror.lookedUp(nil, found: [alice])
+        #expect(users(mirror, mallory).isEmpty)
+        let junk = FleetMirror.Entry(dn: "uid=Alice,ou=x,ou=people", names: ["Alice"], number: nil, values: ["junk"])
+        let names = mirror.apply([.entry(uuid: b, junk)]).lookUp
+        #expect(FleetMirror.searched(names) == ["alice"])
+        #expect(mirror.roster(readAt: Date(), withholding: FleetMirror.searched(names)).roster.users(of: mallory, now: Date(), maxStale: .seconds(60)).isEmpty)
+        mirror.lookedUp(FleetMirror.searched(names), found: [alice, entry(copy, "alice", []), junk])
+        #expect(users(mirror, mallory).isEmpty)
+        let renamed = mirror.apply([.entry(uuid: b, .init(dn: "uid=zzz,ou=x,ou=people", names: ["zzz"], number: nil, values: ["junk"]))]).lookUp
+        mirror.lookedUp(FleetMirror.searched(renamed), found: [])
+        #expect(users(mirror, mallory).isEmpty)  // alice's own entry still counts
+    }
+
+    @Test func namesNotYetLookedUpVouchForNobody() {
+        var mirror = FleetMirror()
+        _ = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .entry(uuid: b, entry("bob", "bob", [bobPhone])), .refreshed])
+        let roster = mirror.roster(readAt: Date(), withholding: ["alice"]).roster
+        #expect(roster.users(of: alicePhone, now: Date(), maxStale: .seconds(60)).isEmpty)
+        #expect(roster.users(of: bobPhone, now: Date(), maxStale: .seconds(60)) == ["bob"])
+    }
+
+    /// Second review, ML2: after a container's rename, an entry sent again as it first was
+    /// (moved back under a new container of the old name) passed as unchanged.
+    @Test func anEntryMovedBackUnderANewContainerOfTheOldNameIsPlacedThere() {
+        var mirror = FleetMirror()
+        let d: [UInt8] = Array(repeating: 4, count: 16)
+        let carol = entry("uid=carol,ou=a,ou=people", "carol", [alicePhone])
+        _ = mirror.apply([.entry(uuid: a, entry("ou=a,ou=people", "", [])), .entry(uuid: b, carol), .refreshed])
+        _ = mirror.apply([.entry(uuid: a, entry("ou=b,ou=people", "", []))])
+        #expect(mirror.followedDNs.contains("uid=carol,ou=b,ou=people"))
+        _ = mirror.apply([.entry(uuid: d, entry("ou=a,ou=people", "", [])), .entry(uuid: b, carol)])
+        #expect(mirror.followedDNs.contains("uid=carol,ou=a,ou=people"))
+        _ = mirror.apply([.deleted(uuid: d)])
+        #expect(users(mirror, alicePhone).isEmpty)
+        #expect(mirror.count == 0 && mirror.containers == 1)
+    }
+
+    /// Second review, ML1(b): a user's entry leaving sweeps nothing below it.
+    @Test func aUserLeavingTheStreamTakesNoOneElse() {
+        var mirror = FleetMirror()
+        _ = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])),
+                          .entry(uuid: b, entry("uid=bob,uid=alice,ou=people", "bob", [bobPhone])), .refreshed])
+        _ = mirror.apply([.deleted(uuid: a)])
+        #expect(users(mirror, bobPhone) == ["bob"])
+    }
+
     @Test func aLookAlikeFoundLaterTakesTheNameUntilALookUpNoLongerFindsIt() {
         var mirror = FleetMirror()
         _ = mirror.apply([.entry(uuid: a, entry("alice", "alice", [alicePhone])), .refreshed])

@@ -101,6 +101,30 @@ def test_a_copy_of_alice_does_not_inherit_her_name_when_her_own_entry_loses_its_
         + r.stdout + r.stderr + "\n--- box log since:\n" + world.box_output()[len(before):][-1500:])
 
 
+def test_a_look_alike_renamed_away_does_not_clear_alices_own_entry(world, directory):
+    """Second review (H1): alice has no phone; a copy `uid=alice` in another branch carries
+    mallory's, and alice's own entry makes the name ambiguous. An entry `Alice` (a name the fleet
+    does not take) with any value came into the stream; its look-up searched nothing and cleared
+    alice's own entry from the look-alikes; renamed to `zzz`, it left the copy as the only alice."""
+    mallory = phone_key(world)
+    add_branch(directory, f"ou=others,{PEOPLE}")
+    add_user(directory, f"uid=alice,ou=others,{PEOPLE}", "alice", mallory)
+    world.settings["login"] = {"key_users": ["alice"], "key_services": ["boxkey-test"]}
+    follow(world, directory)
+    assert world.phone("credentials", "set", "--user", "alice", "--key-only").returncode == 0
+    r, _ = login_as(world, "alice", auth=key_stack(world))
+    assert r.returncode != 0 and "not enrolled" in r.stderr, r.stdout + r.stderr
+    add_branch(directory, f"ou=x,{PEOPLE}")
+    add_user(directory, f"uid=Alice,ou=x,{PEOPLE}", "Alice", "junk")
+    time.sleep(2)
+    ldap_ok(directory, "ldapmodrdn", None, "-r", f"uid=Alice,ou=x,{PEOPLE}", "uid=zzz")
+    time.sleep(2)
+    r, _ = login_as(world, "alice", auth=key_stack(world))
+    assert r.returncode != 0 and "not enrolled" in r.stderr, (
+        "mallory's phone on the copy logged in as alice after a look-alike came and went:\n" + r.stdout + r.stderr
+        + "\n" + world.box_output()[-1500:])
+
+
 @pytest.mark.parametrize("what", ["leaf", "subtree"])
 def test_users_moved_out_of_the_base_lose_their_phones(world, directory, what):
     """An admin moves carol (leaf: her entry; subtree: the branch `ou=team` holding her) out of

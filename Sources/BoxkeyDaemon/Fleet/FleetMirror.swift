@@ -59,7 +59,9 @@ public struct FleetMirror: Sendable {
 
     public init() {}
 
-    public var count: Int { followed.count }
+    /// Users followed (not containers): the refresh's limit is on these.
+    public var count: Int { followed.values.count(where: { !$0.isContainer }) }
+    public var containers: Int { followed.count - count }
 
     /// Applies messages. `changed`: whether the roster may differ (a rewrite of what the roster
     /// does not use, a user's description, changes nothing). `lookUp`: names that came (a new
@@ -88,14 +90,20 @@ public struct FleetMirror: Sendable {
             case .deleted(let uuid):
                 guard let old = followed.removeValue(forKey: uuid) else { continue }
                 changed = true
+                var gone = [old]
                 // A subtree moved out of the base, or deleted: the server tells of its top only.
-                let suffix = "," + old.key
-                for (id, held) in followed where held.key.hasSuffix(suffix) { followed[id] = nil }
-                // Its last phone taken, the entry is still there, out of the stream: its name
-                // keeps counting against copies of it until a look-up of that name (the entry
-                // back with a phone) or the next whole refresh says otherwise.
-                if !old.entry.names.isEmpty {
-                    lookalikes[old.key] = Held(dn: old.dn, entry: FleetRoster.Prepared(names: old.entry.names, number: old.entry.number.map { String($0) }, values: []))
+                if old.isContainer {
+                    let suffix = "," + old.key
+                    for (id, held) in followed where held.key.hasSuffix(suffix) {
+                        followed[id] = nil
+                        gone.append(held)
+                    }
+                }
+                // An entry whose last phone was taken is still there, out of the stream (and
+                // one moved out may be back): its name keeps counting against copies of it
+                // until a look-up of that name or the next whole refresh says otherwise.
+                for held in gone where !held.entry.names.isEmpty {
+                    lookalikes[held.key] = Held(dn: held.dn, entry: FleetRoster.Prepared(names: held.entry.names, number: held.entry.number.map { String($0) }, values: []))
                 }
             case .refreshed:
                 refreshed = true
@@ -109,15 +117,23 @@ public struct FleetMirror: Sendable {
         let suffix = "," + Self.key(old)
         for (id, held) in followed where held.key.hasSuffix(suffix) {
             followed[id]?.dn = String(held.dn.dropLast(old.count)) + new
+            followed[id]?.digest = 0  // it was of the old DN: the entry sent as it was must not pass as unchanged
         }
     }
 
-    /// What the server answered for `names` (every entry it matches to one of them, by its own
-    /// rules), in place of what was known of those names; `nil` names: a look-up of every name.
-    public mutating func lookedUp(_ names: Set<String>?, found: [Entry]) {
-        if let names {
-            let keys = Set(names.map(FleetRoster.lookalike))
-            lookalikes = lookalikes.filter { $0.value.entry.lookalikes.isDisjoint(with: keys) }
+    /// The names to search for `names`: each the fleet takes, and what each looks like when
+    /// that is one (`Alice`, `ａｌｉｃｅ` → `alice`), so the server finds every entry they could
+    /// be taken for. A name that is neither is not searched (and its look-alikes stay known).
+    public static func searched(_ names: Set<String>) -> Set<String> {
+        Set(names.flatMap { [$0, FleetRoster.lookalike($0)] }.filter(FleetRoster.isFleetName))
+    }
+
+    /// What the server answered for `searched` (as `searched(_:)` gives; every entry it matches
+    /// to one of them, by its own rules), in place of what was known of exactly those names;
+    /// `nil`: a look-up of every name.
+    public mutating func lookedUp(_ searched: Set<String>?, found: [Entry]) {
+        if let searched {
+            lookalikes = lookalikes.filter { $0.value.entry.lookalikes.isDisjoint(with: searched) }
         } else {
             lookalikes = [:]
         }
@@ -133,13 +149,14 @@ public struct FleetMirror: Sendable {
     /// Every DN the look-ups should not count again (the followed ones), as the server gives them.
     public var followedDNs: Set<String> { Set(followed.values.map(\.dn)) }
 
-    /// The roster as of `readAt`, and how many values and entries it left out.
-    public func roster(readAt: Date) -> (roster: FleetRoster, skipped: Int) {
+    /// The roster as of `readAt`, and how many values and entries it left out. Entries whose
+    /// names look like one of `withholding` (names not yet looked up) vouch for nobody.
+    public func roster(readAt: Date, withholding: Set<String> = []) -> (roster: FleetRoster, skipped: Int) {
         var roster = FleetRoster(readAt: readAt)
         let followedDNs = dns
         let entries = followed.values.filter { !$0.isContainer }.map(\.entry)
             + lookalikes.filter { !followedDNs.contains($0.key) }.map(\.value.entry)
-        let skipped = roster.add(prepared: entries)
+        let skipped = roster.add(prepared: entries, withholding: Set(withholding.map(FleetRoster.lookalike)))
         return (roster, skipped)
     }
 

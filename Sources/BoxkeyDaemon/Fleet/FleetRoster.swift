@@ -64,7 +64,8 @@ public struct FleetRoster: Sendable, Codable, Equatable {
         }
     }
 
-    public mutating func add(prepared entries: [Prepared]) -> Int {
+    /// `withholding`: look-alike forms (`lookalike`) of names that vouch for nobody this time.
+    public mutating func add(prepared entries: [Prepared], withholding: Set<String> = []) -> Int {
         var skipped = 0
         var entriesPerName: [String: Int] = [:]
         for e in entries {
@@ -72,6 +73,7 @@ public struct FleetRoster: Sendable, Codable, Equatable {
         }
         for e in entries {
             guard e.names.count == 1, Self.isFleetName(e.names[0]), e.lookalikes.first.flatMap({ entriesPerName[$0] }) == 1 else { skipped += 1; continue }
+            guard e.lookalikes.isDisjoint(with: withholding) else { continue }
             let user = e.names[0]
             if let n = e.number { uidNumbers[user] = n }
             skipped += e.skipped

@@ -135,10 +135,12 @@ struct FleetService: Service {
         }
     }
 
-    /// Hands a roster to the box, logs it when its size changed, and caches it (unless `cache`
-    /// is false: the caller saves it soon, once for a burst of changes).
+    /// Caches a roster (first: a restart must not bring back what it took away), hands it to
+    /// the box, and logs it when its size changed. `cache` false: the caller saves it soon,
+    /// once for a burst of changes.
     private func took(_ roster: FleetRoster, requests: Int, skipped: Int, since started: ContinuousClock.Instant, phonesBefore: inout Int?, how: String,
                       cache: Bool = true) async {
+        if cache { save(roster) }
         let took = ContinuousClock.now - started
         let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
         await box.fleetRead(roster, requests: requests, seconds: seconds)
@@ -146,11 +148,14 @@ struct FleetService: Service {
             logger.info("fleet: read \(roster.phones.count) phone(s) from \(directory.settings.uri) in \((seconds * 100).rounded() / 100) s (\(requests) request(s))\(how)\(skipped > 0 ? "; skipped \(skipped) value(s): not phone keys, or past \(FleetRoster.maxValuesPerEntry) on one entry" : "")")
             phonesBefore = roster.phones.count
         }
-        if cache { save(roster) }
     }
 
     private func save(_ roster: FleetRoster) {
-        do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch { logger.error("fleet: cannot write the cache \(cachePath): \(error)") }
+        do { try roster.save(path: cachePath, sealedBy: box.identity.keyPair.privateKey) } catch {
+            // The old file may vouch for what the directory has taken away since: it goes.
+            unlink(cachePath)
+            logger.error("fleet: cannot write the cache \(cachePath) (removed it): \(error)")
+        }
     }
 
     /// Follows the directory until shutdown or the next whole refresh is due (returns), or until
@@ -166,11 +171,17 @@ struct FleetService: Service {
                 try await withTaskCancellationHandler { try await pool.runIfActive(body) } onCancel: { follower.interrupt() }
             }
         }
-        func lookUp(_ names: Set<String>?, in mirror: inout FleetMirror) async throws -> Int {
-            let (all, besides) = (names ?? mirror.names, mirror.followedDNs)
+        // `searched`: as FleetMirror.searched gives (nil: every name followed).
+        func lookUp(_ searched: Set<String>?, in mirror: inout FleetMirror) async throws -> Int {
+            let (all, besides) = (searched ?? FleetMirror.searched(mirror.names), mirror.followedDNs)
             let (found, requests) = try await blocking { try follower.lookalikes(of: all, besides: besides) }
-            mirror.lookedUp(names, found: found)
+            mirror.lookedUp(searched, found: found)
             return requests
+        }
+        func checkLimits(_ mirror: FleetMirror) throws {
+            guard mirror.count <= FleetDirectory.maxEntries, mirror.containers <= FleetDirectory.maxEntries else {
+                throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones (or containers) under \(settings.base)")
+            }
         }
         let started = ContinuousClock.now
         // A whole refresh now and then (an hour, give or take, so boxes started together spread
@@ -187,7 +198,7 @@ struct FleetService: Service {
                 throw FleetDirectory.Failure(description: "no answer from the directory within \((settings.timeout * 4).components.seconds) s")
             }
             _ = mirror.apply(changes)
-            guard mirror.count <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
+            try checkLimits(mirror)
             // libldap bounds each wait, not a refresh that drips: the box says so meanwhile.
             if !reported, ContinuousClock.now - started > settings.timeout * 4 {
                 await box.fleetReadFailed("the directory's refresh has not finished within \((settings.timeout * 4).components.seconds) s (still reading)")
@@ -218,14 +229,22 @@ struct FleetService: Service {
                 saveAt = nil
             }
             let (anything, names) = mirror.apply(changes)
-            guard mirror.count <= FleetDirectory.maxEntries else { throw FleetDirectory.Failure(description: "more than \(FleetDirectory.maxEntries) entries with phones under \(settings.base)") }
             if anything {
-                let requests = names.isEmpty ? 0 : try await lookUp(names, in: &mirror)
+                // First as the change says, with the names still to be looked up vouching for
+                // nobody: a revocation is acted on and cached whatever the look-ups do.
+                let searched = FleetMirror.searched(names)
                 let previous = roster
-                (roster, skipped) = mirror.roster(readAt: Date())
-                let lost = !roster.lost(since: previous).isEmpty
-                await took(roster, requests: requests, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: lost)
+                (roster, skipped) = mirror.roster(readAt: Date(), withholding: searched)
+                let lost = !roster.lost(since: previous).isEmpty || roster.uidNumbers != previous.uidNumbers
+                await took(roster, requests: 0, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: lost)
                 saveAt = lost ? nil : saveAt ?? changed + .seconds(1)
+                if !searched.isEmpty {
+                    let requests = try await lookUp(searched, in: &mirror)
+                    (roster, skipped) = mirror.roster(readAt: Date())
+                    await took(roster, requests: requests, skipped: skipped, since: changed, phonesBefore: &phonesBefore, how: " after a change there", cache: false)
+                    saveAt = saveAt ?? changed + .seconds(1)
+                }
+                try checkLimits(mirror)
             }
             guard ContinuousClock.now - lastPing >= settings.refresh else { continue }
             // A quiet stream and a dead connection look the same: a one-entry read tells them
