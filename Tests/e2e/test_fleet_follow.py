@@ -6,21 +6,13 @@ without syncprov is read whole every refresh_s; a restarted directory is followe
 import json
 import time
 
-import pytest
 
 from conftest import PASSWORD, wait_for
 from slapd import PEOPLE, Slapd
-from test_fleet import admin_fleet, phone_key, phone_login
+from test_fleet import admin_fleet, directory, phone_key, phone_login  # noqa: F401 (directory: a fixture)
 
 # Long: only following can explain a change seen within a second or two.
 REFRESH_S = 60
-
-
-@pytest.fixture
-def directory(world):
-    d = Slapd(world.work).start()
-    yield d
-    d.stop()
 
 
 def following_box_with_alices_phone(world, directory, refresh_s=REFRESH_S, enrolled=True):

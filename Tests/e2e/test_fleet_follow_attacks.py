@@ -12,19 +12,12 @@ import time
 import pytest
 
 from conftest import PASSWORD, PERSON, wait_for
-from slapd import PEOPLE, SUFFIX, USER_PASSWORD, Slapd
-from test_fleet import admin_fleet, phone_key, phone_login
+from slapd import PEOPLE, SUFFIX, USER_PASSWORD
+from test_fleet import directory, phone_key, phone_login, read_cache  # noqa: F401 (directory: a fixture)
 from test_fleet_follow import following_box_with_alices_phone, fleet_ok
 from test_login_modes import key_stack
 
 OTHER_PHONE = "ab" * 32
-
-
-@pytest.fixture
-def directory(world):
-    d = Slapd(world.work).start()
-    yield d
-    d.stop()
 
 
 def ldap_ok(directory, tool, ldif=None, *args):
@@ -158,9 +151,7 @@ def test_a_revocation_survives_a_crash_right_after_it_with_the_directory_down(wo
     box that dies in that second (power cut, OOM kill) and restarts while the directory is away
     starts from a cache that still lists the revoked phone, trusted for max_stale_s (1 h)."""
     key = following_box_with_alices_phone(world, directory)
-    from test_fleet import read_cache
     wait_for(lambda: key in read_cache(world)["phones"], what="the enrolment cached")
-    import threading
     revoking = threading.Thread(target=fleet_ok, args=(world, directory, "revoke", key[:12], "--user", "alice"))
     revoking.start()  # the box hears of it before the admin command has even exited
     wait_for(lambda: "no longer enrolled for alice in the directory" in world.box_output(), timeout=5, interval=0.005,
@@ -168,7 +159,6 @@ def test_a_revocation_survives_a_crash_right_after_it_with_the_directory_down(wo
     world.box_process.kill()  # within the second before the cache is written
     world.box_process.wait()
     revoking.join()
-    from test_fleet import read_cache
     print("revoked phone still in the cache after the kill:", key in read_cache(world)["phones"])
     directory.stop()
     world.start_box()
