@@ -20,7 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "Tests", "e2e"))
-from conftest import PASSWORD, USERS, Logind, World, wait_for  # noqa: E402
+from conftest import PASSWORD, USERS, Logind, World, toml_value, wait_for  # noqa: E402
 from slapd import ADMIN_DN, BOX_DN, BOX_PASSWORD, PEOPLE, Slapd  # noqa: E402
 
 USERS_IN_DIRECTORY = 10_000
@@ -225,21 +225,11 @@ def start_boxes(world, directory, count, follow, refresh_s):
         settings["fleet"] = directory.fleet_settings(follow=follow, refresh_s=refresh_s)
         path = os.path.join(world.work, f"boxkeyd-{box_id}.conf")
         with open(path, "w") as f:
-            f.write("".join(f"[{section}]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in values.items()) for section, values in settings.items()))
+            f.write("".join(f"[{section}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()) for section, values in settings.items()))
         log = os.path.join(world.work, f"boxkeyd-{box_id}.log")
         boxes.append((subprocess.Popen([world.bins["boxkeyd"], "--config", path], env=world.box_env,
                                        stdout=open(log, "w"), stderr=subprocess.STDOUT), log, settings["box"]["state_directory"] + "/x"))
     return boxes
-
-
-def toml(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def read(path):

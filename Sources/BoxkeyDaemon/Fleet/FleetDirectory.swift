@@ -116,7 +116,8 @@ public struct FleetDirectory: Sendable {
         var found: [FleetMirror.Entry] = []
         var seen = besides
         var requests = 0
-        let names = names.filter(FleetRoster.isFleetName).sorted()
+        // Each name and what it looks like (`Alice` → `alice`), where the fleet takes it.
+        let names = FleetMirror.searched(names).sorted()
         for start in stride(from: 0, to: names.count, by: Self.namesPerFilter) {
             let batch = names[start..<min(start + Self.namesPerFilter, names.count)]
             let filter = "(|" + batch.map { "(\(settings.userAttribute)=\(Self.escape($0)))" }.joined() + ")"

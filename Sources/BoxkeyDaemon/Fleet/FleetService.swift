@@ -173,7 +173,7 @@ struct FleetService: Service {
         }
         // `searched`: as FleetMirror.searched gives (nil: every name followed).
         func lookUp(_ searched: Set<String>?, in mirror: inout FleetMirror) async throws -> Int {
-            let (all, besides) = (searched ?? FleetMirror.searched(mirror.names), mirror.followedDNs)
+            let (all, besides) = (searched ?? mirror.names, mirror.followedDNs)
             let (found, requests) = try await blocking { try follower.lookalikes(of: all, besides: besides) }
             mirror.lookedUp(searched, found: found)
             return requests
