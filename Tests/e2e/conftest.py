@@ -418,13 +418,15 @@ class World:
         return path
 
     def start_box(self, expect_ready=True):
+        # The log is appended to across restarts: readiness is read from this run's part.
+        self.box_run_start = os.path.getsize(self.box_log) if os.path.exists(self.box_log) else 0
         self.box_process = subprocess.Popen([self.bins["boxkeyd"], "--config", self.config(), "--log-level", "debug"],
                                             env=self.box_env, stdout=open(self.box_log, "a"), stderr=subprocess.STDOUT)
         self.boxes.append(self.box_process)
         if expect_ready:
             slow = 60 if RADIO == "bluez" else 10  # the lab emulates its CPU
             wait_for(lambda: os.path.exists(self.socket), timeout=slow, what="boxkeyd's socket")
-            wait_for(lambda: "advertising box" in self.box_output(), timeout=slow, what="boxkeyd advertising")
+            wait_for(lambda: "advertising box" in self.box_run_output(), timeout=slow, what="boxkeyd advertising")
         return self.box_process
 
     def stop_box(self):
@@ -492,7 +494,15 @@ class World:
         assert not stubborn, f"boxkeyd {stubborn} did not stop within 10 s of SIGTERM"
 
     def box_output(self):
+        """Everything every boxkeyd of this World logged."""
         return open(self.box_log).read() if os.path.exists(self.box_log) else ""
+
+    def box_run_output(self):
+        """What the boxkeyd started last logged: a wait after a restart must not be met by
+        the run before it."""
+        with open(self.box_log, "rb") as f:
+            f.seek(getattr(self, "box_run_start", 0))
+            return f.read().decode(errors="replace")
 
     def admin(self, *args):
         r = subprocess.run([self.bins["boxkeyd"], *args, "--config", self.config()], env=self.box_env, capture_output=True, text=True, timeout=20)

@@ -160,8 +160,8 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     directory.stop()
     world.stop_box()
     world.start_box()
-    wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the failed read")
-    assert "from the cache" in world.box_output()
+    wait_for(lambda: "cannot read the fleet directory" in world.box_run_output(), what="the failed read")
+    assert "from the cache" in world.box_run_output()
     r, (code, out) = phone_login(world, "4821")
     assert r.returncode == 0 and "Logged in to box 4821 as alice" in r.stdout, r.stdout + r.stderr + world.box_output()[-2000:]
     assert code == 0
@@ -173,7 +173,7 @@ def test_the_directory_down_warm_cache_then_stale(world, directory):
     roster["readAt"] = "2026-01-01T00:00:00Z"
     write_cache(world, roster)  # sealed as the box would have, an hour and more ago
     world.start_box()
-    wait_for(lambda: "cannot read the fleet directory" in world.box_output(), what="the failed read")
+    wait_for(lambda: "cannot read the fleet directory" in world.box_run_output(), what="the failed read")
     status = world.admin("status").stdout
     assert "fleet phones REFUSED" in status, status
     r, (code, out) = phone_login(world, "4821", typed=PASSWORD)
