@@ -3,7 +3,8 @@ import PackageDescription
 
 // Layers, bottom to top (nothing points back up):
 //   C libraries (system-library targets)  ->  BoxkeyCore (pure: crypto, Noise, wire format, state machines)
-//   -> BoxkeyRadio (radio interface + simulated radio)  ->  executables and the PAM module.
+//   -> BoxkeyRadio (radio interface + simulated radio)  ->  executables.
+// The PAM module (pam_boxkey, C) stands apart: it shares only the wire format, checked by tests.
 // Hooks only the tests use (the vault's test clock) exist in debug builds only: what
 // packages ship is a release build, which does not have them.
 let testHooks: [SwiftSetting] = [.define("BOXKEY_TEST_HOOKS", .when(configuration: .debug))]
@@ -16,9 +17,6 @@ let package = Package(
         .library(name: "BoxkeyRadio", targets: ["BoxkeyRadio", "BoxkeySimRadio"]),
         .library(name: "BoxkeyPAMWire", targets: ["BoxkeyPAMWire"]),
         .library(name: "BoxkeyDaemon", targets: ["BoxkeyDaemon"]),
-        // The PAM module. scripts/build-pam-module links the installable pam_boxkey.so
-        // (static Swift runtime, -z nodelete, only pam_sm_* exported).
-        .library(name: "pam_boxkey", type: .dynamic, targets: ["pam_boxkey"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio", exact: "2.101.3"),
@@ -94,11 +92,14 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
 
-        // The daemon <-> PAM module socket protocol and its blocking client (no Foundation:
-        // the PAM module links it statically).
+        // The daemon <-> PAM module socket protocol (the daemon's side) and the blocking client
+        // boxkeyd's admin commands use.
         .target(name: "BoxkeyPAMWire"),
 
-        .target(name: "pam_boxkey", dependencies: ["BoxkeyPAMWire", "BoxkeyL10n", "CPAM"]),
+        // The PAM module, in C over libpam and libc (docs/architecture.md says why): built here
+        // so the tests can check its wire code against BoxkeyPAMWire; scripts/build-pam-module
+        // links the installable pam_boxkey.so from the same files.
+        .target(name: "pam_boxkey", linkerSettings: [.linkedLibrary("pam")]),
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
@@ -146,7 +147,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",
-            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire",
+            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "pam_boxkey",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),

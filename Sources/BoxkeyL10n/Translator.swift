@@ -1,7 +1,7 @@
 import CBoxkeySys
 import Glibc
 
-/// What the CLI and the PAM module say, in the reader's language: gettext catalogs
+/// What the CLI says, in the reader's language: gettext catalogs
 /// (po/DOMAIN/LANG.po, compiled to LOCALEDIR/LANG/LC_MESSAGES/DOMAIN.mo) chosen by the usual
 /// LANGUAGE, LC_ALL, LC_MESSAGES and LANG. A message is English text with named placeholders,
 /// `tr("Logged in to box {box} as {user}", ("box", id), ("user", name))`, so a translation can
@@ -64,7 +64,7 @@ public struct Translator: Sendable {
         return out + rest
     }
 
-    /// Glibc only (no Foundation): the PAM module links this too.
+    /// Glibc only (no Foundation).
     static func shareLocaleBesideExecutable() -> String? {
         var buffer = [CChar](repeating: 0, count: 4096)
         let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)

@@ -29,8 +29,13 @@ def test_only_pam_entry_points_are_exported(bins):
     exported = sorted(line.split()[-1] for line in out.splitlines() if line.split()[1] in "TDBRWV")
     assert exported == ["pam_sm_acct_mgmt", "pam_sm_authenticate", "pam_sm_close_session", "pam_sm_open_session", "pam_sm_setcred"]
     dynamic = subprocess.run(["readelf", "-d", bins["module"]], capture_output=True, text=True, check=True).stdout
-    assert "NODELETE" in dynamic
-    assert "libswiftCore" not in dynamic
+    assert "NODELETE" in dynamic and "BIND_NOW" in dynamic
+    needed = sorted(re.findall(r"\(NEEDED\).*\[(.*)\]", dynamic))
+    assert needed == ["ld-linux-x86-64.so.2", "libc.so.6", "libpam.so.0"] or needed == ["libc.so.6", "libpam.so.0"], needed
+    program_headers = subprocess.run(["readelf", "-lW", bins["module"]], capture_output=True, text=True, check=True).stdout
+    assert "GNU_RELRO" in program_headers and not re.search(r"GNU_STACK.*RWE", program_headers)
+    # Loaded into every PAM program, setuid su and sudo included: small (issue 30: <= 256 KB).
+    assert os.path.getsize(bins["module"]) <= 256 * 1024
 
 
 def test_daemon_down_is_unavailable_fast_and_1000_cycles_are_stable(world):
