@@ -249,31 +249,79 @@ public actor Agent {
         return nil
     }
 
-    /// Called about once a second with proximity on: listens for paired boxes whose prompt
-    /// waits, and offers the login at one that is near. Never logs in by itself: the box's
-    /// prompt asks the person, and only their Enter there makes this phone push.
+    /// Called about once a second with proximity on. While an offer may be made it listens:
+    /// one scan, up to `listenSpan`, hearing every advertisement of the paired boxes (BlueZ
+    /// `DuplicateData`). It offers the login at the first box whose last `samples`
+    /// advertisements all had its prompt waiting and average at least `thresholdDBm`. Never
+    /// logs in by itself: the box's prompt asks the person, and only their Enter there makes
+    /// this phone push. What bounds near → offer: the box's advertising interval (100 ms) times
+    /// the samples, the scanner's window, then one connection and handshake.
     public func proximityTick() async {
         // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
         if presence == nil { radio.followSimMove(log: log) }
-        guard let proximity, let held, clock.now - held.unlockedAt < proximity.window, !busy, !scanning, presence == nil,
-              nextOffer.map({ clock.now >= $0 }) ?? true else { if !scanning { heardNear = [:] }; return }
+        guard let proximity, mayOffer, !scanning else { if !scanning { heardNear = [:] }; return }
         scanning = true
         defer { scanning = false }
-        for id in phone.boxes.boxes.compactMap({ BoxID($0.id) }) {
-            guard let key = try? phone.pinnedKey(id),
-                  let heard = try? await phone.find(id, pinned: key, radio: radio.central, searchTime: .milliseconds(700)),
-                  heard.advertisement.flags.contains(.loginPromptWaiting), let rssi = heard.rssi else {
-                heardNear[id] = nil
-                continue
+        var keys: [BoxID: PublicKey] = [:]
+        for id in phone.boxes.boxes.compactMap({ BoxID($0.id) }) { keys[id] = try? phone.pinnedKey(id) }
+        let pinned = keys
+        guard !pinned.isEmpty else { return }
+        heardNear = [:]  // readings from one scan only
+        let results = radio.central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: true))
+        let near: HeardBox? = await withTaskGroup(of: HeardBox?.self) { group in
+            group.addTask { try? await Task.sleep(for: Self.listenSpan); return nil }
+            group.addTask {
+                do {
+                    for try await result in results {
+                        if let near = await self.heard(result, pinned: pinned, proximity) { return near }
+                        guard await self.mayOffer else { return nil }
+                    }
+                } catch {}
+                return nil
             }
-            heardNear[id, default: []].append(rssi)
-            heardNear[id] = Array(heardNear[id]!.suffix(proximity.samples))
-            let recent = heardNear[id]!
-            guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm else { continue }
-            heardNear = [:]
-            await offer(at: id)
-            return
+            // The simulated radio's walks, followed while listening (a real phone just moves).
+            if radio.simulated != nil {
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: .milliseconds(50))
+                        await self.followSimMoveWhileListening()
+                    }
+                    return nil
+                }
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
         }
+        guard let near, mayOffer else { return }
+        heardNear = [:]
+        // Where it was just heard: the login connects there, without scanning again.
+        try? phone.boxes.remember(near.advertisement.boxID, heard: near)
+        await offer(at: near.advertisement.boxID)
+    }
+
+    /// One scan lasts this long at most; the next tick starts another (a newly paired box, a
+    /// radio that came back).
+    static let listenSpan: Duration = .seconds(10)
+
+    /// Whether an offer may be made now: credentials held, inside the window after the PIN, no
+    /// presence link, no login under way, and not just after an offer.
+    private var mayOffer: Bool {
+        guard let proximity, let held, !stopRequested else { return false }
+        return clock.now - held.unlockedAt < proximity.window && !busy && presence == nil && (nextOffer.map { clock.now >= $0 } ?? true)
+    }
+
+    private func followSimMoveWhileListening() { if presence == nil { radio.followSimMove(log: log) } }
+
+    /// One advertisement heard while listening; the box to offer at once its readings say near.
+    private func heard(_ result: ScanResult, pinned: [BoxID: PublicKey], _ proximity: Proximity) -> HeardBox? {
+        guard let advert = result.boxAdvertisement, let key = pinned[advert.boxID], advert.keyHint == key.advertisementHint else { return nil }
+        let id = advert.boxID
+        guard advert.flags.contains(.loginPromptWaiting) else { heardNear[id] = nil; return nil }
+        let recent = Array((heardNear[id, default: []] + [result.rssi]).suffix(proximity.samples))
+        heardNear[id] = recent
+        guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm else { return nil }
+        return HeardBox(address: result.address, advertisement: advert, rssi: result.rssi)
     }
 
     private func offer(at id: BoxID) async {
