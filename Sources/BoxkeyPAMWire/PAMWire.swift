@@ -316,7 +316,8 @@ struct WireReader {
     }
     mutating func text() throws(PAMWire.DecodeError) -> String {
         let raw = try take(Int(try u8()))
-        guard let s = String(validating: raw, as: UTF8.self), !s.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) else { throw .invalidText }
+        // No control characters, C0, DEL or C1 (U+009B is a terminal's CSI): they could rewrite what a prompt shows.
+        guard let s = String(validating: raw, as: UTF8.self), !s.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }) else { throw .invalidText }
         return s
     }
     mutating func longText() throws(PAMWire.DecodeError) -> String {

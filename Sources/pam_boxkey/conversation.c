@@ -94,8 +94,13 @@ struct bk_prompt_answer *bk_prompt_answer_install(pam_handle_t *pamh, const char
     return a;
 }
 
+/* Only while the proxy is still the handle's conversation: an application that installed a
+ * new one meanwhile (and perhaps freed the old one's data) keeps it. */
 void bk_prompt_answer_uninstall(struct bk_prompt_answer *a, pam_handle_t *pamh) {
-    if (a && pamh) pam_set_item(pamh, PAM_CONV, &a->original);
+    const void *item = NULL;
+    if (!a || !pamh || pam_get_item(pamh, PAM_CONV, &item) != PAM_SUCCESS || !item) return;
+    const struct pam_conv *current = item;
+    if (current->conv == proxy && current->appdata_ptr == a) pam_set_item(pamh, PAM_CONV, &a->original);
 }
 
 void bk_prompt_answer_wipe(struct bk_prompt_answer *a) {
@@ -114,7 +119,8 @@ void bk_prompt_answer_free(struct bk_prompt_answer *a) {
 /* After Enter at a proximity offer, while the module waits for that phone's push, the
  * program's hidden prompt is over and its terminal echoes again: a password typed then would
  * show in clear. When stdin is the tty PAM_TTY names (console login), echo is off for that
- * wait; if a push logs the person in, what was typed meanwhile is discarded. */
+ * wait; if a push logs the person in, what was typed meanwhile is discarded. The signals that
+ * end or stop a program wait with it (at most timeout + 1 s), so echo is back before they act. */
 void bk_quiet_terminal_begin(struct bk_quiet_terminal *t, const char *tty) {
     char expected[256];
     const char *name;
@@ -122,9 +128,15 @@ void bk_quiet_terminal_begin(struct bk_quiet_terminal *t, const char *tty) {
     if (!tty || !*tty || isatty(STDIN_FILENO) != 1 || !(name = ttyname(STDIN_FILENO))) return;
     snprintf(expected, sizeof expected, "%s%s", strncmp(tty, "/dev/", 5) == 0 ? "" : "/dev/", tty);
     if (strcmp(name, expected) != 0 || tcgetattr(STDIN_FILENO, &t->before) != 0) return;
+    sigset_t held;
+    sigemptyset(&held);
+    sigaddset(&held, SIGINT); sigaddset(&held, SIGQUIT); sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGTSTP); sigaddset(&held, SIGHUP);
+    if (pthread_sigmask(SIG_BLOCK, &held, &t->signals) != 0) return;
     struct termios quiet = t->before;
     quiet.c_lflag &= ~(tcflag_t)(ECHO | ECHONL);
     t->saved = tcsetattr(STDIN_FILENO, TCSANOW, &quiet) == 0;
+    if (!t->saved) pthread_sigmask(SIG_SETMASK, &t->signals, NULL);
 }
 
 void bk_quiet_terminal_end(struct bk_quiet_terminal *t, int discard_typed) {
@@ -132,6 +144,7 @@ void bk_quiet_terminal_end(struct bk_quiet_terminal *t, int discard_typed) {
     if (discard_typed) tcflush(STDIN_FILENO, TCIFLUSH);
     tcsetattr(STDIN_FILENO, TCSANOW, &t->before);
     t->saved = 0;
+    pthread_sigmask(SIG_SETMASK, &t->signals, NULL);
 }
 
 /* ---- Words ---- */

@@ -20,8 +20,6 @@
         bk_say(out, sizeof out, msgid, n_, names_, values_); \
     } while (0)
 
-static const char *const typed_key = "pam_boxkey_typed";
-
 /* How long the daemon has to say whether phone login is offered here: it answers in
  * milliseconds; a slower one (hung, logind not answering) is skipped. */
 enum { FIRST_ANSWER_MS = 1000 };
@@ -60,20 +58,13 @@ static void send_rejected(struct bk_client *c, const char *reason) {
     bk_client_send(c, &f);
 }
 
-/* `answer_prompt` after a typed password: the next module's hidden prompt is answered with it,
- * until pam_end restores the conversation. */
-static void typed_cleanup(pam_handle_t *pamh, void *data, int status) {
-    (void)status;
-    bk_prompt_answer_uninstall(data, pamh);
-    bk_prompt_answer_free(data);
-}
-
-static void keep_typed(pam_handle_t *pamh, const char *password) {
-    struct bk_prompt_answer *a = bk_prompt_answer_install(pamh, password, 1);
-    if (a && pam_set_data(pamh, typed_key, a, typed_cleanup) != PAM_SUCCESS) {
-        bk_prompt_answer_uninstall(a, pamh);
-        bk_prompt_answer_free(a);
-    }
+/* `answer_prompt` after a typed password: the next module's hidden prompt is answered with
+ * it, until authentication ends (a pending login that tells the daemon nothing). */
+static void keep_typed(pam_handle_t *pamh, const char *password, int debug) {
+    struct bk_pending *p = bk_pending_new(pamh, NULL, "", debug);
+    if (!p) return;
+    if (!(p->answer = bk_prompt_answer_install(pamh, password, 1))) { free(p); return; }
+    bk_pending_keep(p);
 }
 
 /* Takes `user` as the login's PAM_USER unless the prompt is for someone else (a locker).
@@ -206,7 +197,7 @@ static int converse_with_daemon(pam_handle_t *pamh, struct bk_client *c, const c
             send_cancel(c);
             int rc = pam_set_item(pamh, PAM_AUTHTOK, answer);
             /* A verifier that always asks gets the same answer instead of asking twice. */
-            if (rc == PAM_SUCCESS && o->answer_prompt) keep_typed(pamh, answer);
+            if (rc == PAM_SUCCESS && o->answer_prompt) keep_typed(pamh, answer, o->debug);
             bk_free_secret(answer);
             return rc == PAM_SUCCESS ? bk_unavailable_code(o) : PAM_SYSTEM_ERR;
         }
@@ -259,9 +250,8 @@ BK_EXPORT int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, const
     struct bk_options o;
     bk_options_parse(&o, pamh, argc, argv);
     /* A retry on the same handle (login asks again after "Login incorrect"): the earlier
-     * attempt's pending login is reported as refused and its proxy goes. */
+     * attempt's pending login (or typed password) is reported as refused and its proxy goes. */
     pam_set_data(pamh, bk_pending_key, NULL, NULL);
-    pam_set_data(pamh, typed_key, NULL, NULL);
 
     /* A module before this one already has the password (pam_krb5 ranks above pam_boxkey in
      * pam-auth-update): the person typed it, so asking again would only delay them. */
@@ -289,10 +279,10 @@ BK_EXPORT int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, const
         if (!asked) snprintf(prompt, sizeof prompt, "%s ", bk_foreign("Linux-PAM", "login:"));
         char *name = bk_ask(pamh, PAM_PROMPT_ECHO_ON, asked ? asked : prompt);
         if (!name) return PAM_CONV_ERR;
-        int valid = bk_valid_utf8((const uint8_t *)name, strlen(name)) && strlen(name) <= BK_MAX_TEXT;
-        if (*name && (!valid || pam_set_item(pamh, PAM_USER, name) != PAM_SUCCESS)) { free(name); return PAM_USER_UNKNOWN; }
+        int valid = strlen(name) <= BK_MAX_TEXT && bk_valid_text((const uint8_t *)name, strlen(name));
+        if (*name && (!valid || pam_set_item(pamh, PAM_USER, name) != PAM_SUCCESS)) { bk_free_secret(name); return PAM_USER_UNKNOWN; }
         snprintf(user, sizeof user, "%s", name);
-        free(name);
+        bk_free_secret(name); /* a password typed at the wrong prompt is a secret too */
     }
     if (!*user) return PAM_CONV_ERR;
 

@@ -7,6 +7,7 @@
 #include <security/pam_modules.h>
 #include <stdint.h>
 #include <syslog.h>
+#include <signal.h>
 #include <termios.h>
 
 #include "pam_boxkey_wire.h"
@@ -83,6 +84,7 @@ BK_HIDDEN void bk_prompt_answer_free(struct bk_prompt_answer *a);
 struct bk_quiet_terminal {
     int saved;
     struct termios before;
+    sigset_t signals; /* the thread's mask before the wait */
 };
 BK_HIDDEN void bk_quiet_terminal_begin(struct bk_quiet_terminal *t, const char *tty);
 BK_HIDDEN void bk_quiet_terminal_end(struct bk_quiet_terminal *t, int discard_typed);

@@ -7,7 +7,9 @@
  *      application went on, so the stack accepted;
  *   3. the data's cleanup: pam_end with its status, or a retry on the same handle
  *      (PAM_DATA_REPLACE: the earlier attempt failed).
- * The pending login is PAM data on the handle; libpam frees it at pam_end. */
+ * The pending login is PAM data on the handle; libpam frees it at pam_end. A password typed
+ * at this module's prompt with `answer_prompt` is a pending login too, one that tells the
+ * daemon nothing: its proxy is wiped and taken away when authentication ends. */
 #define _GNU_SOURCE
 #include "pending.h"
 
@@ -18,9 +20,9 @@
 
 const char *const bk_pending_key = "pam_boxkey_pending";
 
-/* The pending login of the pam_authenticate on this thread: the stack and its delay hook run
- * on one thread, and the hook gets no other context. */
-static __thread struct bk_pending *current;
+/* The pending logins hooked on this thread: the stack and its delay hook run on one thread,
+ * and the hook gets only the conversation's appdata, which is the pending login's proxy. */
+static __thread struct bk_pending *hooked;
 
 static void verdict_hook(int status, unsigned delay, void *appdata);
 
@@ -28,8 +30,12 @@ struct bk_pending *bk_pending_new(pam_handle_t *pamh, struct bk_client *client, 
     struct bk_pending *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->pamh = pamh;
-    p->client = *client;
-    client->fd = -1; /* the connection is the pending login's now */
+    p->client.fd = -1;
+    if (client) {
+        p->client = *client;
+        client->fd = -1; /* the connection is the pending login's now */
+        p->tell_daemon = 1;
+    }
     snprintf(p->ticket, sizeof p->ticket, "%s", ticket);
     p->debug = debug;
     p->state = BK_PENDING_STATE;
@@ -40,7 +46,8 @@ static void hook(struct bk_pending *p) {
     const void *delay = NULL;
     pam_get_item(p->pamh, PAM_FAIL_DELAY, &delay);
     p->application_delay = delay;
-    current = p;
+    p->next = hooked;
+    hooked = p;
     p->hooked = 1;
     pam_set_item(p->pamh, PAM_FAIL_DELAY, (const void *)verdict_hook);
 }
@@ -49,7 +56,18 @@ static void unhook(struct bk_pending *p) {
     if (!p->hooked) return;
     p->hooked = 0;
     pam_set_item(p->pamh, PAM_FAIL_DELAY, p->application_delay);
-    if (current == p) current = NULL;
+    for (struct bk_pending **q = &hooked; *q; q = &(*q)->next)
+        if (*q == p) { *q = p->next; break; }
+    p->next = NULL;
+}
+
+static void free_pending(struct bk_pending *p) {
+    unhook(p);
+    bk_client_close(&p->client);
+    bk_prompt_answer_uninstall(p->answer, p->pamh);
+    bk_prompt_answer_free(p->answer);
+    bk_free_secret(p->captured);
+    free(p);
 }
 
 static void cleanup(pam_handle_t *pamh, void *data, int status) {
@@ -63,23 +81,15 @@ static void cleanup(pam_handle_t *pamh, void *data, int status) {
         int code = status & ~PAM_DATA_SILENT;
         bk_pending_report(p, code == PAM_SUCCESS, code == PAM_SUCCESS ? "" : pam_strerror(p->pamh, code));
     }
-    if (p->answer) bk_prompt_answer_uninstall(p->answer, p->pamh);
-    bk_prompt_answer_free(p->answer);
-    bk_free_secret(p->captured);
-    free(p);
+    free_pending(p);
 }
 
 int bk_pending_keep(struct bk_pending *p) {
+    /* Every pending login has its proxy in front of the application's conversation: the
+     * verdict hook knows its own by it. */
+    if (!p->answer && !(p->answer = bk_prompt_answer_install(p->pamh, NULL, 0))) { free_pending(p); return 0; }
     hook(p);
-    if (pam_set_data(p->pamh, bk_pending_key, p, cleanup) != PAM_SUCCESS) {
-        unhook(p);
-        bk_client_close(&p->client);
-        if (p->answer) bk_prompt_answer_uninstall(p->answer, p->pamh);
-        bk_prompt_answer_free(p->answer);
-        bk_free_secret(p->captured);
-        free(p);
-        return 0;
-    }
+    if (pam_set_data(p->pamh, bk_pending_key, p, cleanup) != PAM_SUCCESS) { free_pending(p); return 0; }
     return 1;
 }
 
@@ -92,30 +102,44 @@ struct bk_pending *bk_pending_find(pam_handle_t *pamh) {
 void bk_pending_report(struct bk_pending *p, int accepted, const char *reason) {
     if (p->state == BK_REPORTED_STATE) return;
     p->state = BK_REPORTED_STATE;
-    struct bk_frame f;
     /* Credit only for what the phone did: a success after the person answered a hidden
      * prompt (the verifier asking again after a wrong push) is not the phone's. */
     enum bk_verdict verdict = !accepted ? BK_REJECTED : (p->answer && p->answer->person_answered) ? BK_ACCEPTED_OTHER : BK_ACCEPTED;
-    if (accepted && p->captured) {
-        bk_encode_captured_password(&f, (const uint8_t *)p->captured, strlen(p->captured));
-        bk_client_send(&p->client, &f);
+    if (p->tell_daemon) {
+        struct bk_frame f;
+        /* Escrow: only a password the stack accepted as the one typed here is sealed. */
+        if (verdict == BK_ACCEPTED && p->captured) {
+            bk_encode_captured_password(&f, (const uint8_t *)p->captured, strlen(p->captured));
+            bk_client_send(&p->client, &f);
+        }
+        bk_encode_report_outcome(&f, verdict, reason);
+        enum bk_client_error e = bk_client_send(&p->client, &f);
+        struct bk_reply reply;
+        if (e == BK_CLIENT_OK) e = bk_client_receive(&p->client, 1000, &reply);
+        if (e != BK_CLIENT_OK)
+            pam_syslog(p->pamh, LOG_WARNING, "could not report the outcome to boxkeyd: %s", bk_client_error_text(&p->client, e));
     }
+    bk_client_close(&p->client);
     bk_free_secret(p->captured);
     p->captured = NULL;
-    bk_encode_report_outcome(&f, verdict, reason);
-    enum bk_client_error e = bk_client_send(&p->client, &f);
-    struct bk_reply reply;
-    if (e == BK_CLIENT_OK) e = bk_client_receive(&p->client, 1000, &reply);
-    if (e != BK_CLIENT_OK)
-        pam_syslog(p->pamh, LOG_WARNING, "could not report the outcome to boxkeyd: %s", bk_client_error_text(&p->client, e));
-    bk_client_close(&p->client);
+    /* Authentication is over: the proxy neither answers nor watches any later prompt (a
+     * password change in the same transaction must not be handed this password). */
     bk_prompt_answer_wipe(p->answer);
+    bk_prompt_answer_uninstall(p->answer, p->pamh);
+}
+
+/* The hooked pending login whose proxy `appdata` is; the only one hooked on this thread when
+ * the application replaced its conversation meanwhile. */
+static struct bk_pending *owner(void *appdata) {
+    for (struct bk_pending *p = hooked; p; p = p->next)
+        if (p->answer && (void *)p->answer == appdata) return p;
+    return hooked && !hooked->next ? hooked : NULL;
 }
 
 /* Report 1: the stack's final status, then the application's own delay function (or the
  * delay a module asked for, as PAM would apply it). */
 static void verdict_hook(int status, unsigned delay, void *appdata) {
-    struct bk_pending *p = current;
+    struct bk_pending *p = owner(appdata);
     if (!p) {
         if (status != PAM_SUCCESS && delay > 0) usleep(delay);
         return;
@@ -125,7 +149,7 @@ static void verdict_hook(int status, unsigned delay, void *appdata) {
     if (p->application_delay) {
         void (*chained)(int, unsigned, void *) = (void (*)(int, unsigned, void *))p->application_delay;
         /* The application's function expects its own conversation data, not our proxy's. */
-        chained(status, delay, p->answer ? p->answer->original.appdata_ptr : appdata);
+        chained(status, delay, (void *)p->answer == appdata ? p->answer->original.appdata_ptr : appdata);
     } else if (status != PAM_SUCCESS && delay > 0) {
         usleep(delay);
     }

@@ -20,14 +20,18 @@ struct bk_pending {
     /* The application's PAM_FAIL_DELAY function, which the verdict hook chains to. */
     const void *application_delay;
     int hooked;
+    struct bk_pending *next; /* the thread's hooked pending logins */
+    /* 0: a typed password kept for answer_prompt, nothing to report. */
+    int tell_daemon;
 };
 
 BK_HIDDEN extern const char *const bk_pending_key;
 
-/* Takes over the client's connection (client->fd is -1 afterwards). */
+/* Takes over the client's connection (client->fd is -1 afterwards); NULL: no daemon to tell. */
 BK_HIDDEN struct bk_pending *bk_pending_new(pam_handle_t *pamh, struct bk_client *client, const char *ticket, int debug);
-/* Hooks the verdict and hands the pending login to PAM, which frees it at pam_end; on
- * failure it is freed here and 0 returned. */
+/* Puts its proxy in front of the conversation (a pass-through one if it has none yet), hooks
+ * the verdict and hands the pending login to PAM, which frees it at pam_end; on failure it is
+ * freed here and 0 returned. */
 BK_HIDDEN int bk_pending_keep(struct bk_pending *p);
 /* The pending login on this handle, if any. */
 BK_HIDDEN struct bk_pending *bk_pending_find(pam_handle_t *pamh);

@@ -136,15 +136,22 @@ static enum bk_decode_error u32(struct reader *r, uint32_t *v) {
     return e;
 }
 
+int bk_valid_text(const uint8_t *s, size_t count) {
+    if (!bk_valid_utf8(s, count)) return 0;
+    for (size_t i = 0; i < count; i++) {
+        if (s[i] < 0x20 || s[i] == 0x7f) return 0;                                     /* C0, DEL */
+        if (s[i] == 0xc2 && i + 1 < count && s[i + 1] >= 0x80 && s[i + 1] <= 0x9f) return 0; /* C1 */
+    }
+    return 1;
+}
+
 /* A string: UTF-8, and no control characters (they could rewrite what a terminal shows). */
 static enum bk_decode_error text(struct reader *r, char out[BK_MAX_TEXT + 1]) {
     uint8_t n;
     const uint8_t *p;
     enum bk_decode_error e = u8(r, &n);
     if (e != BK_DECODED || (e = take(r, n, &p)) != BK_DECODED) return e;
-    if (!bk_valid_utf8(p, n)) return BK_INVALID_TEXT;
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < 0x20 || p[i] == 0x7f) return BK_INVALID_TEXT;
+    if (!bk_valid_text(p, n)) return BK_INVALID_TEXT;
     memcpy(out, p, n);
     out[n] = 0;
     return BK_DECODED;

@@ -88,5 +88,7 @@ const char *bk_decode_error_text(enum bk_decode_error e);
 /* Whether bytes are UTF-8 as Swift's String(validating:) takes it (no overlong forms, no
  * surrogates, nothing past U+10FFFF). */
 int bk_valid_utf8(const uint8_t *s, size_t count);
+/* UTF-8 with no control character (C0, DEL, C1): what a string on the wire may be. */
+int bk_valid_text(const uint8_t *s, size_t count);
 
 #endif
