@@ -2,6 +2,7 @@ import BoxkeyCore
 import BoxkeyRadio
 import FoundationEssentials
 import Glibc
+import NIOConcurrencyHelpers
 
 /// What `boxkey agent status` shows.
 public struct AgentStatus: Codable, Sendable, Equatable {
@@ -249,13 +250,15 @@ public actor Agent {
         return nil
     }
 
-    /// Called about once a second with proximity on. While an offer may be made it listens:
-    /// one scan, up to `listenSpan`, hearing every advertisement of the paired boxes (BlueZ
-    /// `DuplicateData`). It offers the login at the first box whose last `samples`
-    /// advertisements all had its prompt waiting and average at least `thresholdDBm`. Never
+    /// Called about once a second with proximity on. While an offer may be made it listens,
+    /// scan after scan, each ending once every paired box was heard (or after a second), and
+    /// takes one reading per box per scan: a Bluetooth controller filters duplicate
+    /// advertisements within one scan, so a new scan is what brings a new reading (the
+    /// simulated radio does the same). It offers the login at the first box whose last
+    /// `samples` readings all had its prompt waiting and average at least `thresholdDBm`. Never
     /// logs in by itself: the box's prompt asks the person, and only their Enter there makes
-    /// this phone push. What bounds near → offer: the box's advertising interval (100 ms) times
-    /// the samples, the scanner's window, then one connection and handshake.
+    /// this phone push. What bounds near → offer: `samples` × (starting a scan + the box's
+    /// advertising interval, 100 ms), then one connection and handshake.
     public func proximityTick() async {
         // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
         if presence == nil { radio.followSimMove(log: log) }
@@ -266,18 +269,46 @@ public actor Agent {
         for id in phone.boxes.boxes.compactMap({ BoxID($0.id) }) { keys[id] = try? phone.pinnedKey(id) }
         let pinned = keys
         guard !pinned.isEmpty else { return }
-        heardNear = [:]  // readings from one scan only
+        let started = clock.now
+        while mayOffer, clock.now - started < Self.listenSpan {
+            let heard = await listenOnce(for: pinned)
+            for id in pinned.keys where heard[id] == nil { heardNear[id] = nil }
+            for (id, box) in heard {
+                guard box.advertisement.flags.contains(.loginPromptWaiting), let rssi = box.rssi else { heardNear[id] = nil; continue }
+                let recent = Array((heardNear[id, default: []] + [rssi]).suffix(proximity.samples))
+                heardNear[id] = recent
+                guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm, mayOffer else { continue }
+                heardNear = [:]
+                // Where it was just heard: the login connects there, without scanning again.
+                try? phone.boxes.remember(id, heard: box)
+                await offer(at: id)
+                return
+            }
+        }
+    }
+
+    /// Listening lasts this long at most; the next tick goes on (a newly paired box).
+    static let listenSpan: Duration = .seconds(10)
+
+    /// One scan: the first advertisement of each pinned box (its key hint matching), until all
+    /// were heard or a second has passed.
+    private func listenOnce(for pinned: [BoxID: PublicKey]) async -> [BoxID: HeardBox] {
         let results = radio.central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: true))
-        let near: HeardBox? = await withTaskGroup(of: HeardBox?.self) { group in
-            group.addTask { try? await Task.sleep(for: Self.listenSpan); return nil }
+        let heard = NIOLockedValueBox<[BoxID: HeardBox]>([:])
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await Task.sleep(for: .seconds(1)) }
             group.addTask {
                 do {
                     for try await result in results {
-                        if let near = await self.heard(result, pinned: pinned, proximity) { return near }
-                        guard await self.mayOffer else { return nil }
+                        guard let advert = result.boxAdvertisement, let key = pinned[advert.boxID], advert.keyHint == key.advertisementHint else { continue }
+                        let all = heard.withLockedValue { h -> Bool in
+                            if h[advert.boxID] == nil { h[advert.boxID] = HeardBox(address: result.address, advertisement: advert, rssi: result.rssi) }
+                            return h.count == pinned.count
+                        }
+                        if all { return }
                     }
                 } catch {}
-                return nil
+                try? await Task.sleep(for: .seconds(1))  // a radio that failed: wait out the second, not a tight loop
             }
             // The simulated radio's walks, followed while listening (a real phone just moves).
             if radio.simulated != nil {
@@ -286,23 +317,13 @@ public actor Agent {
                         try? await Task.sleep(for: .milliseconds(50))
                         await self.followSimMoveWhileListening()
                     }
-                    return nil
                 }
             }
-            let first = await group.next() ?? nil
+            _ = await group.next()
             group.cancelAll()
-            return first
         }
-        guard let near, mayOffer else { return }
-        heardNear = [:]
-        // Where it was just heard: the login connects there, without scanning again.
-        try? phone.boxes.remember(near.advertisement.boxID, heard: near)
-        await offer(at: near.advertisement.boxID)
+        return heard.withLockedValue { $0 }
     }
-
-    /// One scan lasts this long at most; the next tick starts another (a newly paired box, a
-    /// radio that came back).
-    static let listenSpan: Duration = .seconds(10)
 
     /// Whether an offer may be made now: credentials held, inside the window after the PIN, no
     /// presence link, no login under way, and not just after an offer.
@@ -312,17 +333,6 @@ public actor Agent {
     }
 
     private func followSimMoveWhileListening() { if presence == nil { radio.followSimMove(log: log) } }
-
-    /// One advertisement heard while listening; the box to offer at once its readings say near.
-    private func heard(_ result: ScanResult, pinned: [BoxID: PublicKey], _ proximity: Proximity) -> HeardBox? {
-        guard let advert = result.boxAdvertisement, let key = pinned[advert.boxID], advert.keyHint == key.advertisementHint else { return nil }
-        let id = advert.boxID
-        guard advert.flags.contains(.loginPromptWaiting) else { heardNear[id] = nil; return nil }
-        let recent = Array((heardNear[id, default: []] + [result.rssi]).suffix(proximity.samples))
-        heardNear[id] = recent
-        guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm else { return nil }
-        return HeardBox(address: result.address, advertisement: advert, rssi: result.rssi)
-    }
 
     private func offer(at id: BoxID) async {
         guard let held, !busy else { return }
