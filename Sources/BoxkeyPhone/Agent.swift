@@ -258,7 +258,8 @@ public actor Agent {
     /// `samples` readings all had its prompt waiting and average at least `thresholdDBm`. Never
     /// logs in by itself: the box's prompt asks the person, and only their Enter there makes
     /// this phone push. What bounds near → offer: `samples` × (starting a scan + the box's
-    /// advertising interval, 100 ms), then one connection and handshake.
+    /// advertising interval, 100 ms), then one connection and handshake; a prompt that appears
+    /// while nothing was near waits for the next scan too (`idleScanPeriod`).
     public func proximityTick() async {
         // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
         if presence == nil { radio.followSimMove(log: log) }
@@ -271,6 +272,7 @@ public actor Agent {
         guard !pinned.isEmpty else { return }
         let started = clock.now
         while mayOffer, clock.now - started < Self.listenSpan {
+            let scanStarted = clock.now
             let heard = await listenOnce(for: pinned)
             for id in pinned.keys where heard[id] == nil { heardNear[id] = nil }
             for (id, box) in heard {
@@ -284,8 +286,20 @@ public actor Agent {
                 await offer(at: id)
                 return
             }
+            // Back to back only while a box's prompt waits and the phone is in its room (within
+            // 20 dB of near): otherwise two scans a second, as a phone's background scanning.
+            let approaching = heard.values.contains {
+                $0.advertisement.flags.contains(.loginPromptWaiting) && ($0.rssi ?? .min) >= proximity.thresholdDBm - 20
+            }
+            while !approaching, clock.now - scanStarted < Self.idleScanPeriod {
+                try? await Task.sleep(for: .milliseconds(50))
+                followSimMoveWhileListening()
+            }
         }
     }
+
+    /// How often a scan starts while no box near enough has its prompt waiting.
+    static let idleScanPeriod: Duration = .milliseconds(500)
 
     /// Listening lasts this long at most; the next tick goes on (a newly paired box).
     static let listenSpan: Duration = .seconds(10)
