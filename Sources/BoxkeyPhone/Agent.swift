@@ -261,8 +261,7 @@ public actor Agent {
     /// advertising interval, 100 ms), then one connection and handshake; a prompt that appears
     /// while nothing was near waits for the next scan too (`idleScanPeriod`).
     public func proximityTick() async {
-        // Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
-        if presence == nil { radio.followSimMove(log: log) }
+        followSimMove()
         guard let proximity, mayOffer, !scanning else { if !scanning { heardNear = [:] }; return }
         scanning = true
         defer { scanning = false }
@@ -293,7 +292,7 @@ public actor Agent {
             }
             while !approaching, clock.now - scanStarted < Self.idleScanPeriod {
                 try? await Task.sleep(for: .milliseconds(50))
-                followSimMoveWhileListening()
+                followSimMove()
             }
         }
     }
@@ -329,7 +328,7 @@ public actor Agent {
                 group.addTask {
                     while !Task.isCancelled {
                         try? await Task.sleep(for: .milliseconds(50))
-                        await self.followSimMoveWhileListening()
+                        await self.followSimMove()
                     }
                 }
             }
@@ -346,7 +345,8 @@ public actor Agent {
         return clock.now - held.unlockedAt < proximity.window && !busy && presence == nil && (nextOffer.map { clock.now >= $0 } ?? true)
     }
 
-    private func followSimMoveWhileListening() { if presence == nil { radio.followSimMove(log: log) } }
+    /// Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
+    private func followSimMove() { if presence == nil { radio.followSimMove(log: log) } }
 
     private func offer(at id: BoxID) async {
         guard let held, !busy else { return }

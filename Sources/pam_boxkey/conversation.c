@@ -25,9 +25,8 @@ void bk_free_secret(char *s) {
 
 /* One message through the application's conversation. The response, if any, is handed back
  * (the caller frees it), NULL when there is no conversation, it failed or gave none. */
-static struct pam_response *converse(pam_handle_t *pamh, int style, const char *text, int *ok) {
+static struct pam_response *converse(pam_handle_t *pamh, int style, const char *text) {
     const void *item = NULL;
-    *ok = 0;
     if (pam_get_item(pamh, PAM_CONV, &item) != PAM_SUCCESS || !item) return NULL;
     const struct pam_conv *conv = item;
     if (!conv->conv) return NULL;
@@ -38,13 +37,11 @@ static struct pam_response *converse(pam_handle_t *pamh, int style, const char *
         if (response) { bk_free_secret(response->resp); free(response); }
         return NULL;
     }
-    *ok = 1;
     return response;
 }
 
 char *bk_ask(pam_handle_t *pamh, int style, const char *text) {
-    int ok;
-    struct pam_response *response = converse(pamh, style, text, &ok);
+    struct pam_response *response = converse(pamh, style, text);
     if (!response) return NULL;
     char *answer = response->resp; /* NULL: no answer, never Enter */
     free(response);
@@ -52,8 +49,7 @@ char *bk_ask(pam_handle_t *pamh, int style, const char *text) {
 }
 
 void bk_info(pam_handle_t *pamh, const char *text) {
-    int ok;
-    struct pam_response *response = converse(pamh, PAM_TEXT_INFO, text, &ok);
+    struct pam_response *response = converse(pamh, PAM_TEXT_INFO, text);
     if (response) { bk_free_secret(response->resp); free(response); }
 }
 
@@ -156,7 +152,7 @@ static void bind_catalog(void) {
     bind_textdomain_codeset("pam_boxkey", "UTF-8");
 }
 
-void bk_say(char *out, size_t size, const char *msgid, int n, const char *const *names, const char *const *values) {
+void bk_say(char *out, size_t size, const char *msgid, const char *const *pairs, int n) {
     static pthread_once_t bound = PTHREAD_ONCE_INIT;
     pthread_once(&bound, bind_catalog);
     const char *text = dgettext("pam_boxkey", msgid);
@@ -169,9 +165,9 @@ void bk_say(char *out, size_t size, const char *msgid, int n, const char *const 
         APPEND(text, (size_t)(open - text));
         int found = -1;
         for (int i = 0; close && i < n; i++)
-            if (strlen(names[i]) == (size_t)(close - open - 1) && strncmp(names[i], open + 1, (size_t)(close - open - 1)) == 0) found = i;
+            if (strlen(pairs[2 * i]) == (size_t)(close - open - 1) && strncmp(pairs[2 * i], open + 1, (size_t)(close - open - 1)) == 0) found = i;
         if (found < 0) { APPEND("{", 1); text = open + 1; continue; }
-        APPEND(values[found], strlen(values[found]));
+        APPEND(pairs[2 * found + 1], strlen(pairs[2 * found + 1]));
         text = close + 1;
     }
 #undef APPEND

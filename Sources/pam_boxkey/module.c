@@ -15,9 +15,7 @@
 #define tr(msgid) msgid
 #define SAY(out, msgid, ...) do { \
         const char *const pairs_[] = { __VA_ARGS__ }; \
-        const char *names_[8], *values_[8]; int n_ = (int)(sizeof pairs_ / sizeof *pairs_) / 2; \
-        for (int i_ = 0; i_ < n_; i_++) { names_[i_] = pairs_[2 * i_]; values_[i_] = pairs_[2 * i_ + 1]; } \
-        bk_say(out, sizeof out, msgid, n_, names_, values_); \
+        bk_say(out, sizeof out, msgid, pairs_, (int)(sizeof pairs_ / sizeof *pairs_) / 2); \
     } while (0)
 
 /* How long the daemon has to say whether phone login is offered here: it answers in
@@ -82,11 +80,12 @@ static int claim(pam_handle_t *pamh, struct bk_client *c, const char *user, cons
     return 0;
 }
 
-/* A pushed password: PAM_USER and PAM_AUTHTOK for the verifier after this module. */
+/* A pushed password: PAM_USER and PAM_AUTHTOK for the verifier after this module. -1:
+ * refused, step aside to the password prompt. */
 static int password_push(pam_handle_t *pamh, struct bk_client *c, struct bk_reply *r, const char *expected, const struct bk_options *o) {
     const char *user = r->text[0], *password = (const char *)r->secret;
     int claimed = claim(pamh, c, user, expected, "push");
-    if (claimed) return claimed < 0 ? step_aside(pamh, o) : claimed;
+    if (claimed) return claimed;
     if (pam_set_item(pamh, PAM_AUTHTOK, password) != PAM_SUCCESS) {
         send_rejected(c, "the login stack failed");
         return PAM_SYSTEM_ERR;

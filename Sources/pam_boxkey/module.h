@@ -91,8 +91,8 @@ BK_HIDDEN void bk_quiet_terminal_end(struct bk_quiet_terminal *t, int discard_ty
 
 /* ---- Words, in the application's locale. ---- */
 /* Fills {name} placeholders of the translated msgid with values, in one pass (a value is
- * never read as a placeholder): names and values are pairs, n of them. */
-BK_HIDDEN void bk_say(char *out, size_t size, const char *msgid, int n, const char *const *names, const char *const *values);
+ * never read as a placeholder): pairs is name, value, name, value..., n pairs. */
+BK_HIDDEN void bk_say(char *out, size_t size, const char *msgid, const char *const *pairs, int n);
 /* Another package's message in its catalog (Linux-PAM's "Password: "). */
 BK_HIDDEN const char *bk_foreign(const char *domain, const char *msgid);
 

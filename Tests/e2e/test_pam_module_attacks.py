@@ -117,13 +117,15 @@ def lab(world):
             daemons.append(ScriptedDaemon(self.sock, pushes, delay_s))
             return daemons[-1]
 
-        def run(self, *actions, user="alice", answers="", env=None, **kwargs):
-            e = dict(world.pam_env(os.path.join(work, "pam.d")), ANSWERS=answers, **(env or {}))
-            return subprocess.run([app, "attacked", user, *actions], env=e, capture_output=True, text=True, timeout=60, **kwargs)
+        def env(self, answers="", **more):
+            return dict(world.pam_env(os.path.join(work, "pam.d")), ANSWERS=answers, **more)
+
+        def run(self, *actions, user="alice", answers="", env=None):
+            return subprocess.run([app, "attacked", user, *actions], env=self.env(answers, **(env or {})),
+                                  capture_output=True, text=True, timeout=60)
 
         def popen(self, *actions, user="alice", **kwargs):
-            e = dict(world.pam_env(os.path.join(work, "pam.d")), ANSWERS="")
-            return subprocess.Popen([app, "attacked", user, *actions], env=e, **kwargs)
+            return subprocess.Popen([app, "attacked", user, *actions], env=self.env(), **kwargs)
 
     yield Lab()
     for d in daemons:
