@@ -3,7 +3,9 @@ import PackageDescription
 
 // Layers, bottom to top (nothing points back up):
 //   C libraries (system-library targets)  ->  BoxkeyCore (pure: crypto, Noise, wire format, state machines)
-//   -> BoxkeyRadio (radio interface + simulated radio)  ->  executables.
+//   -> BoxkeyRadio (the radio interface) and its transports (BoxkeyBlueZ, BoxkeySimRadio)
+//   -> BoxkeyDaemon (the box) and BoxkeyPhone (the phone), which know the radio by its interface
+//   -> BoxkeyTransports (which transport, opened at the edge)  ->  executables.
 // The PAM module (pam_boxkey, C) stands apart: it shares only the wire format, checked by tests.
 // Hooks only the tests use (the vault's test clock) exist in debug builds only: what
 // packages ship is a release build, which does not have them.
@@ -78,8 +80,8 @@ let package = Package(
         ),
 
         // What the box and the phone both need from this host: private files written
-        // durably, and the choice of radio (BlueZ or the simulated one).
-        .target(name: "BoxkeyHost", dependencies: ["BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus"]),
+        // durably, the console, the doctor's checks, and the name of the radio to use.
+        .target(name: "BoxkeyHost", dependencies: ["BoxkeyDBus"]),
 
         // The radio interface both transports implement (BlueZ, simulated).
         .target(name: "BoxkeyRadio", dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
@@ -103,7 +105,7 @@ let package = Package(
 
         // The box daemon's parts, as a library so tests can run them in-process.
         .target(name: "BoxkeyDaemon", dependencies: [
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CBoxkeyLDAP", "CPAM", "CSystemd",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CBoxkeyLDAP", "CPAM", "CSystemd",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -112,7 +114,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
         .executableTarget(name: "boxkeyd", dependencies: [
-            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPAMWire",
+            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPAMWire", "BoxkeyTransports",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -120,14 +122,23 @@ let package = Package(
         // The phone's behaviour: identity, pinned boxes, the vault, finding a box, the link to
         // it, the presence link, the agent. The `boxkey` CLI only parses and prints.
         .target(name: "BoxkeyPhone", dependencies: [
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDBus", "CBoxkeySys", "BoxkeyL10n",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeyDBus", "CBoxkeySys", "BoxkeyL10n",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: testHooks),
+
+        // The transports, chosen at the edge: opens BlueZ or the simulated radio for the box
+        // (`BoxRadios`) and the phone (`PhoneRadios`). Only the programs, the benchmarks and the
+        // tests depend on it; BoxkeyDaemon and BoxkeyPhone know the radio by its interface only.
+        .target(name: "BoxkeyTransports", dependencies: [
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDaemon", "BoxkeyPhone",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ]),
         .executableTarget(name: "boxkey", dependencies: [
             "BoxkeyL10n",
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "BoxkeyTransports", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: testHooks),
 

@@ -379,7 +379,7 @@ func pamFallback(boxkeyd: String) async throws {
     let clock = ContinuousClock()
     for _ in 0..<(short ? 200 : 2000) {
         let t0 = clock.now
-        _ = try? PAMSocketClient(path: missing)
+        _ = try? DaemonSocketClient(path: missing)
         times.append(milliseconds(clock.now - t0))
     }
     let s = Summary(times)
@@ -397,7 +397,7 @@ func pamFallback(boxkeyd: String) async throws {
     while !FileManager.default.fileExists(atPath: socket) { try await Task.sleep(for: .milliseconds(10)) }
     let n = short ? 500 : 5000
     func transaction() throws {
-        let client = try PAMSocketClient(path: socket)
+        let client = try DaemonSocketClient(path: socket)
         defer { client.close() }
         // A prompt in a service without phone login (sudo): the whole round trip and the
         // policy check, answered `notOffered` at once.

@@ -528,7 +528,7 @@ public actor Box {
 
     /// Admin: a fresh code (`boxkeyd pair-code`), for a headless box or a pre-enrolment at
     /// the box; with a user, the phone that proves it is enrolled for that user at once.
-    public func newPairingCode(user: String) -> PAMReply {
+    public func newPairingCode(user: String) -> AdminReply {
         if !user.isEmpty, uid(of: user) == nil { return .error("no such user: \(user)") }
         if !user.isEmpty, !mayEnrol(user) { return .error(Self.rootRefusal) }
         let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, byAdmin: true, now: clock.now)
@@ -537,7 +537,7 @@ public actor Box {
     }
 
     /// Admin: enrol a phone's key (64 hex digits) for a user without a code.
-    public func enrolPhone(key: String, user: String, name: String) -> PAMReply {
+    public func enrolPhone(key: String, user: String, name: String) -> AdminReply {
         guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { return .error("a phone key is 64 hex digits (boxkey status shows it)") }
         guard !user.isEmpty, uid(of: user) != nil else { return .error("no such user: \(user)") }
         guard mayEnrol(user) else { return .error(Self.rootRefusal) }
@@ -1465,7 +1465,7 @@ public actor Box {
     /// The enrolled and revoked phones, as JSON (`boxkeyd phones list` renders them).
     public func phoneList() -> String { AdminJSON.encode(registry.phones) }
 
-    public func revoke(fingerprint: String) async -> PAMReply {
+    public func revoke(fingerprint: String) async -> AdminReply {
         // A digit or two would pick some phone: revoking is for one the admin can name.
         guard fingerprint.filter({ $0 != "-" }).count >= 4 else { return .error("give at least 4 hex digits of the fingerprint") }
         // The box's phones and the directory's together: the prefix must name exactly one, or

@@ -228,9 +228,9 @@ public enum BoxDoctor {
             return report
         }
         do {
-            let client = try PAMSocketClient(path: socket)
+            let client = try DaemonSocketClient(path: socket)
             try client.send(.daemonStatus)
-            guard case .text(let text) = try client.receive(timeoutMilliseconds: 5000),
+            guard case .text(let text) = try client.receiveAdmin(timeoutMilliseconds: 5000),
                   let status = try? AdminJSON.decode(DaemonStatus.self, text) else {
                 report.fail("boxkeyd", "answered \(socket) with something unexpected", do: "systemctl restart boxkeyd; journalctl -u boxkeyd")
                 return report

@@ -1,10 +1,8 @@
-import BoxkeyBlueZ
 import BoxkeyCore
 import BoxkeyHost
 import BoxkeyPAMWire
 import CBoxkeySys
 import BoxkeyRadio
-import BoxkeySimRadio
 import FoundationEssentials
 import Glibc
 import Logging
@@ -19,16 +17,17 @@ public enum Daemon {
         public let description: String
         /// 78 (EX_CONFIG) when a file is to blame (its owner, mode or content), else 1.
         public var exitCode: Int32 = 1
+
+        public init(description: String, exitCode: Int32 = 1) {
+            self.description = description
+            self.exitCode = exitCode
+        }
     }
 
-    /// The simulated radio address of a box: stable per box ID, so phones find it again.
-    public static func simulatedAddress(for id: BoxID) -> DeviceAddress {
-        let d = id.description
-        return DeviceAddress("00:B0:C5:00:\(d.prefix(2)):\(d.suffix(2))")!
-    }
-
-    /// `reload` re-reads the configuration file on SIGHUP (nil: SIGHUP is ignored).
-    public static func run(config: DaemonConfig, sessions: any SessionControl = LogindSessionControl(), logger: Logger,
+    /// `radios` opens the radio the configuration names (BoxkeyTransports' `BoxRadios`): this
+    /// library never names a transport. `reload` re-reads the configuration file on SIGHUP
+    /// (nil: SIGHUP is ignored).
+    public static func run(config: DaemonConfig, radios: any BoxRadioSource, sessions: any SessionControl = LogindSessionControl(), logger: Logger,
                            reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
@@ -52,8 +51,8 @@ public enum Daemon {
         // A box ID made up here avoids the IDs heard nearby; with no radio yet there is nothing to
         // hear, and the box (its sockets, its admin) must not wait for one.
         var heard: Set<BoxID> = []
-        var early: BoxRadio?
-        if config.boxID == nil, stored == nil, let radio = try await openRadioIfThere(config, logger: logger) {
+        var early: (any BoxRadio)?
+        if config.boxID == nil, stored == nil, let radio = try await radios.openIfThere(config, logger: logger) {
             heard = await nearbyBoxIDs(radio.scanner, for: .seconds(2))
             early = radio
         }
@@ -70,11 +69,10 @@ public enum Daemon {
         let readiness = Readiness(parts: 2, logger: logger)
         let reloader = ReloadService(box: box, load: reload ?? { config }, logger: logger)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
-        let reloadNow: (@Sendable () async -> PAMReply)? = reload == nil ? nil : { @Sendable in await reloader.reloadNow() }
+        let reloadNow: (@Sendable () async -> AdminReply)? = reload == nil ? nil : { @Sendable in await reloader.reloadNow() }
         // Root only, whatever [pam] allowed_uids lets onto the PAM socket.
-        let admin = PAMBridge(box: box, role: .admin, path: config.adminSocket, allowedUIDs: [], logger: logger,
-                              readiness: readiness, reload: reloadNow)
-        let radio = RadioSupervisor(box: box, config: config, logger: logger, readiness: readiness, early: early)
+        let admin = AdminSocket(box: box, path: config.adminSocket, logger: logger, readiness: readiness, reload: reloadNow)
+        let radio = RadioSupervisor(box: box, config: config, radios: radios, logger: logger, readiness: readiness, early: early)
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader), .init(service: radio)]
         if let fleet = config.fleet {
             services.append(.init(service: FleetService(box: box, settings: fleet, stateDirectory: config.stateDirectory, logger: logger)))
@@ -86,115 +84,6 @@ public enum Daemon {
         try await group.run()
         SystemdNotify.send("STOPPING=1")
         await box.shutdown()
-    }
-
-    /// The box's radio: BlueZ on a real adapter, or the simulated air shared with phones on
-    /// this machine.
-    final class BoxRadio: @unchecked Sendable {
-        let description: String
-        /// A central on the same radio, to hear which box IDs are taken nearby.
-        let scanner: any CentralRadio
-        private let simulated: (air: SocketAir, position: Double)?
-        private let bluez: BlueZPeripheral?
-        private let bluezScanner: BlueZCentral?
-
-        init(air: SocketAir, position: Double) {
-            simulated = (air, position)
-            bluez = nil
-            bluezScanner = nil
-            scanner = air.central(DeviceAddress("00:B0:C5:FF:FF:FE")!)
-            description = "simulated radio (\(air.directory))"
-        }
-
-        init(peripheral: BlueZPeripheral, scanner: BlueZCentral) {
-            simulated = nil
-            bluez = peripheral
-            bluezScanner = scanner
-            self.scanner = scanner
-            description = "BlueZ adapter \(peripheral.adapter.name)"
-        }
-
-        func peripheral(_ id: BoxID) async throws -> any PeripheralRadio {
-            if let bluez {
-                bluezScanner?.close()
-                return bluez
-            }
-            return try simulated!.air.peripheral(Daemon.simulatedAddress(for: id), at: simulated!.position)
-        }
-
-        func shutdown() {
-            simulated?.air.shutdown()
-            if let bluez {
-                let done = NIOLockedValueBox(false)
-                Task { await bluez.close(); done.withLockedValue { $0 = true } }
-                // Unregistering takes a few bus round trips; do not hold shutdown for long.
-                for _ in 0..<40 where !done.withLockedValue({ $0 }) { usleep(25_000) }
-            }
-        }
-    }
-
-    static func openRadio(_ config: DaemonConfig, logger: Logger, box: Box?) async throws -> BoxRadio {
-        let choice: RadioChoice
-        do { choice = try await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) } catch {
-            throw StartError(description: "\(error); set [radio] backend = \"bluez\" to wait for it")
-        }
-        switch choice {
-        case .simulated(let directory):
-            if config.radio == .auto {
-                logger.notice("no Bluetooth adapter: [radio] backend = \"auto\" uses the simulated radio, which no phone on real Bluetooth hears")
-            }
-            var parameters = SimulationParameters()
-            parameters.seed = UInt64(getpid())
-            do { return BoxRadio(air: try RadioChoice.openSimulatedAir(directory, parameters: parameters), position: config.simPosition) } catch {
-                throw StartError(description: "\(error)")
-            }
-        case .bluez(let adapter):
-            return try await blueZRadio(adapter, logger: logger, box: box)
-        }
-    }
-
-    /// The radio if it can be had at once (to hear nearby box IDs before making one up), else nil.
-    static func openRadioIfThere(_ config: DaemonConfig, logger: Logger) async throws -> BoxRadio? {
-        if case .bluez(let adapter)? = try? await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) {
-            guard await blueZAdapterPresent(named: adapter) else {
-                logger.notice("no Bluetooth adapter yet: choosing a box ID without hearing which are taken nearby (set [box] id to choose one)")
-                return nil
-            }
-            // An adapter that is there but cannot be opened (blocked by rfkill, which the seat's
-            // user may do) must not keep the sockets away: a few seconds, then no radio yet.
-            let opened = await withTaskGroup(of: BoxRadio?.self) { group in
-                group.addTask { try? await openRadio(config, logger: logger, box: nil) }
-                group.addTask { try? await Task.sleep(for: .seconds(5)); return nil }
-                let first = await group.next() ?? nil
-                group.cancelAll()
-                for await late in group { late?.shutdown() }  // opened just as the time ran out
-                return first
-            }
-            if opened == nil {
-                logger.notice("the Bluetooth adapter did not open within 5 s: choosing a box ID without hearing which are taken nearby (set [box] id to choose one)")
-            }
-            return opened
-        }
-        return try await openRadio(config, logger: logger, box: nil)
-    }
-
-    /// BlueZ, waiting for bluetoothd and the adapter when they are not there yet (a box that
-    /// boots before its Bluetooth dongle is plugged in still comes up), without starting
-    /// bluetoothd: `BlueZWatch` looks when the bus says something changed.
-    static func blueZRadio(_ adapter: String?, logger: Logger, box: Box?) async throws -> BoxRadio {
-        let said = NIOLockedValueBox<String?>(nil)
-        return try await BlueZWatch.waitForAdapter(waiting: { why in
-            let first = said.withLockedValue { s -> Bool in defer { s = why }; return s != why }
-            guard first else { return }
-            logger.warning("waiting for Bluetooth: \(why)")
-            SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
-            if let box { Task { await box.radioChanged("waiting for Bluetooth: \(why)", attached: false) } }
-        }) {
-            let peripheral = try await BlueZPeripheral(adapter: adapter)
-            let scanner = try await BlueZCentral(adapter: peripheral.adapter.name)
-            if said.withLockedValue({ $0 }) != nil { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
-            return BoxRadio(peripheral: peripheral, scanner: scanner)
-        }
     }
 
     static func nearbyBoxIDs(_ scanner: any CentralRadio, for duration: Duration) async -> Set<BoxID> {
@@ -226,22 +115,51 @@ public enum Daemon {
     }
 }
 
+/// The box's radio, as the daemon needs it. BoxkeyTransports has the two there are (BlueZ on a
+/// real adapter, the simulated air shared with phones on this machine).
+public protocol BoxRadio: AnyObject, Sendable {
+    /// What it is, for `boxkeyd status` ("BlueZ adapter hci0").
+    var description: String { get }
+    /// A central on the same radio, to hear which box IDs are taken nearby.
+    var scanner: any CentralRadio { get }
+    /// The peripheral the box advertises and takes links on (once: it closes the scanner).
+    func peripheral(_ id: BoxID) async throws -> any PeripheralRadio
+    func shutdown()
+}
+
+/// Opens the box's radio as `[radio]` says.
+public protocol BoxRadioSource: Sendable {
+    /// The radio if it can be had at once (to hear nearby box IDs before making one up), else nil.
+    func openIfThere(_ config: DaemonConfig, logger: Logger) async throws -> (any BoxRadio)?
+    /// The radio, waiting for it as long as it takes (a box that boots before its Bluetooth
+    /// dongle is plugged in still comes up); `waiting` hears why, once per change.
+    func open(_ config: DaemonConfig, logger: Logger, waiting: @escaping @Sendable (String) -> Void) async throws -> any BoxRadio
+}
+
 /// The radio, whenever it can be had: waits for it (bluetoothd and the adapter, or the
 /// simulated air), tells the box, then runs the radio's services (advertising, links,
 /// presence). The box and its sockets run meanwhile; prompts take no pushes until then.
 struct RadioSupervisor: Service {
     let box: Box
     let config: DaemonConfig
+    let radios: any BoxRadioSource
     let logger: Logger
     let readiness: Readiness
     /// The radio already opened to hear nearby box IDs, if it was.
-    let early: Daemon.BoxRadio?
+    let early: (any BoxRadio)?
 
     func run() async throws {
-        let boxRadio: Daemon.BoxRadio
+        let boxRadio: any BoxRadio
         do {
             if let early { boxRadio = early } else {
-                boxRadio = try await cancelWhenGracefulShutdown { try await Daemon.openRadio(config, logger: logger, box: box) }
+                let (box, logger) = (box, logger)
+                boxRadio = try await cancelWhenGracefulShutdown {
+                    try await radios.open(config, logger: logger, waiting: { why in
+                        logger.warning("waiting for Bluetooth: \(why)")
+                        SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
+                        Task { await box.radioChanged("waiting for Bluetooth: \(why)", attached: false) }
+                    })
+                }
             }
         } catch is CancellationError { return }
         defer { boxRadio.shutdown() }
@@ -279,7 +197,7 @@ struct ReloadService: Service {
 
     /// Re-reads the file and applies it; the outcome is logged, kept for `boxkeyd status`, and
     /// answered (`boxkeyd reload`, systemd's ExecReload, waits for it and fails when it failed).
-    func reloadNow() async -> PAMReply {
+    func reloadNow() async -> AdminReply {
         var now = timespec()
         clock_gettime(CLOCK_MONOTONIC, &now)
         SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")

@@ -6,7 +6,7 @@ import Glibc
 /// `/etc/boxkey/boxkeyd.conf` (flat TOML: `ConfigFile`). Every key is optional; docs/operations.md lists them
 /// with their defaults, which are the values below.
 public struct DaemonConfig: Sendable, Equatable {
-    public typealias RadioBackend = RadioChoice.Backend
+    public typealias RadioBackend = BoxkeyHost.RadioBackend
     public enum Policy: String, Sendable { case lock, logout, none }
     /// How a phone logs a user in (docs/login-modes.md). `password`: the phone pushes the
     /// user's password and the site's PAM stack verifies it. `key`: an enrolled phone's

@@ -7,73 +7,23 @@ import NIOCore
 import NIOPosix
 import ServiceLifecycle
 
-/// A root-only Unix socket of the daemon's, in one of two roles: the PAM socket, where
-/// `pam_boxkey.so` waits for pushes and reports outcomes, or the admin socket, where `boxkeyd
-/// status`, `phones`, `pair-code` and `reload` ask the running daemon. Each takes only its own
-/// requests. Every connection's peer is checked with SO_PEERCRED, and its requests with
-/// `PAMConnectionState`'s table.
+/// The PAM socket, where `pam_boxkey.so` opens a prompt, waits for a push and reports the
+/// stack's verdict. Each connection's requests follow `PAMConnectionState`'s table; anything
+/// else closes it. (The admin's requests have a socket of their own: `AdminSocket`.)
 public struct PAMBridge: Service, CustomStringConvertible {
-    public enum Role: String, Sendable { case prompts = "PAM", admin }
-    public var description: String { "PAMBridge(\(role), \(path))" }
+    public var description: String { "PAMBridge(\(socket.path))" }
     let box: Box
-    let role: Role
-    let path: String
-    let allowedUIDs: Set<UInt32>
+    let socket: RootSocket
     let logger: Logger
-    let readiness: Readiness?
-    /// The admin's `reload`: re-reads the configuration and answers with the outcome.
-    let reload: (@Sendable () async -> PAMReply)?
 
-    public init(box: Box, role: Role = .prompts, path: String, allowedUIDs: [UInt32], logger: Logger, readiness: Readiness? = nil,
-                reload: (@Sendable () async -> PAMReply)? = nil) {
-        self.readiness = readiness
+    public init(box: Box, path: String, allowedUIDs: [UInt32], logger: Logger, readiness: Readiness? = nil) {
         self.box = box
-        self.role = role
-        self.path = path
-        self.allowedUIDs = Set(allowedUIDs + [0])
+        self.socket = RootSocket(name: "PAM", path: path, allowedUIDs: allowedUIDs, logger: logger, readiness: readiness)
         self.logger = logger
-        self.reload = reload
     }
 
     public func run() async throws {
-        let directory = path.parentDirectory
-        if !FileManager.default.fileExists(atPath: directory) {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-        }
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(PAMFrameDecoder()))
-                }
-            }
-            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
-                }
-            }
-        // Root only: the mode keeps others out, SO_PEERCRED checks whoever is let in.
-        chmod(path, 0o600)
-        if let first = allowedUIDs.first(where: { $0 != 0 }), getuid() == 0 { chown(path, first, gid_t(bitPattern: -1)) }
-        logger.info("\(role.rawValue) socket listening on \(path)")
-        readiness?.ready("\(role.rawValue) socket")
-        // Graceful shutdown cancels the work below; that is a normal end, not an error.
-        do { try await cancelWhenGracefulShutdown {
-            try await server.executeThenClose { inbound in
-                try await withThrowingDiscardingTaskGroup { group in
-                    for try await connection in inbound {
-                        group.addTask { await serve(connection) }
-                    }
-                }
-            }
-        } } catch is CancellationError {}
-        unlink(path)
-    }
-
-    private func peer(_ channel: any Channel) async -> PAMPeer? {
-        guard let provider = channel as? SocketOptionProvider else { return nil }
-        let credentials: boxkey_ucred? = try? await provider.unsafeGetSocketOption(
-            level: SocketOptionLevel(boxkey_sol_socket()), name: SocketOptionName(boxkey_so_peercred())).get()
-        return credentials.map { PAMPeer(pid: $0.pid, uid: UInt32($0.uid)) }
+        try await socket.run { peer, connection in await serve(connection, peer: peer) }
     }
 
     /// A reply, or a prompt's answer whose password is still in secure memory.
@@ -82,12 +32,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
         case answer(PromptAnswer)
     }
 
-    private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
-        guard let peer = await peer(connection.channel), allowedUIDs.contains(peer.uid) else {
-            logger.warning("\(role.rawValue) socket: refused a connection from a process that is not root")
-            try? await connection.executeThenClose { _, _ in }
-            return
-        }
+    private func serve(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>, peer: PAMPeer) async {
         let channel = connection.channel
         try? await connection.executeThenClose { inbound, outbound in
             let (replies, replyContinuation) = AsyncStream.makeStream(of: Outgoing.self)
@@ -122,13 +67,12 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         secureZero(&body)
                     }
                     do { request = try PAMRequest.decode(body) } catch {
-                        replyContinuation.yield(.reply(.error("malformed request: \(error)")))
-                        break
-                    }
-                    // Each socket takes only its own requests.
-                    guard request.isAdmin == (role == .admin) else {
-                        logger.warning("\(role.rawValue) socket: \(request.name) belongs on the \(role == .admin ? "PAM" : "admin") socket; closing")
-                        replyContinuation.yield(.reply(.error("\(request.name) is not taken on the \(role.rawValue) socket")))
+                        if body.count >= 2, let name = AdminRequest.name(ofType: body[1]) {
+                            logger.warning("PAM socket: \(name) belongs on the admin socket; closing")
+                            replyContinuation.yield(.reply(.error("\(name) is not taken on the PAM socket")))
+                        } else {
+                            replyContinuation.yield(.reply(.error("malformed request: \(error)")))
+                        }
                         break
                     }
                     if state == .waiting, let prompt, await box.hasPush(prompt) { state = .pushed }
@@ -166,18 +110,6 @@ public struct PAMBridge: Service, CustomStringConvertible {
                     case .closeSession(let session):
                         await box.closeSession(sessionID: session)
                         replyContinuation.yield(.reply(.ok))
-                    case .listPhones:
-                        replyContinuation.yield(.reply(.text(await box.phoneList())))
-                    case .revokePhone(let fingerprint):
-                        replyContinuation.yield(.reply(await box.revoke(fingerprint: fingerprint)))
-                    case .daemonStatus:
-                        replyContinuation.yield(.reply(.text(AdminJSON.encode(await box.status()))))
-                    case .newPairingCode(let user):
-                        replyContinuation.yield(.reply(await box.newPairingCode(user: user)))
-                    case .enrolPhone(let key, let user, let name):
-                        replyContinuation.yield(.reply(await box.enrolPhone(key: key, user: user, name: name)))
-                    case .reload:
-                        replyContinuation.yield(.reply(await reload?() ?? .error("this daemon does not re-read a configuration file")))
                     }
                     if state == .done { break requests }
                 }
@@ -224,12 +156,6 @@ extension PAMRequest {
         case .intent: "intent"
         case .openSession: "openSession"
         case .closeSession: "closeSession"
-        case .listPhones: "listPhones"
-        case .revokePhone: "revokePhone"
-        case .daemonStatus: "daemonStatus"
-        case .newPairingCode: "newPairingCode"
-        case .enrolPhone: "enrolPhone"
-        case .reload: "reload"
         }
     }
 }

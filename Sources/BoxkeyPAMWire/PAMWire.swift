@@ -1,6 +1,6 @@
-/// The protocol on the box's root-only Unix socket between `pam_boxkey.so` (and `boxkeyd`'s
-/// admin commands) and the daemon. Pure and Foundation-free: the PAM module links it
-/// statically.
+/// The protocol on the box's root-only Unix socket between `pam_boxkey.so` and the daemon (the
+/// daemon's side; the module's is `Sources/pam_boxkey/wire.c`, checked against this one by
+/// PAMWireCrossTests). The admin socket has the same framing and its own messages (`AdminRequest`).
 ///
 /// Frame: `length (2, BE, of what follows) | version (1) | type (1) | body`. Strings are
 /// `length (1) | UTF-8`; the password is `length (2, BE) | bytes`. Decoders are exact.
@@ -26,7 +26,7 @@ public enum PAMWire {
     }
 }
 
-/// Module (or admin tool) to daemon.
+/// Module to daemon.
 public enum PAMRequest: Equatable, Sendable {
     /// Opens a prompt for phone login. Answered at once with `.prompt` (what to show) or
     /// `.notOffered`. While the module then asks the person for the password, a phone's push
@@ -49,23 +49,6 @@ public enum PAMRequest: Equatable, Sendable {
     /// the ticket of the push that authenticated it (empty when no push did).
     case openSession(user: String, sessionID: String, service: String, ticket: String)
     case closeSession(sessionID: String)
-    /// Admin: list phones, revoke one by fingerprint, daemon status, a new pairing code
-    /// (optionally for one user), enrol a phone's key for a user.
-    case listPhones
-    case revokePhone(fingerprint: String)
-    case daemonStatus
-    case newPairingCode(user: String)
-    case enrolPhone(key: String, user: String, name: String)
-    /// Admin: re-read the configuration file now, answering with what changed or why not.
-    case reload
-
-    /// The administrator's requests: they go to the admin socket only, never the PAM socket.
-    public var isAdmin: Bool {
-        switch self {
-        case .listPhones, .revokePhone, .daemonStatus, .newPairingCode, .enrolPhone, .reload: true
-        default: false
-        }
-    }
 
     public struct WaitRequest: Equatable, Sendable {
         public var service: String
@@ -96,8 +79,10 @@ public enum PAMRequest: Equatable, Sendable {
     enum Kind: UInt8 {
         case waitForPush = 0x02, cancel = 0x03, reportOutcome = 0x04, capturedPassword = 0x07, intent = 0x08
         case openSession = 0x05, closeSession = 0x06
-        case listPhones = 0x10, revokePhone = 0x11, daemonStatus = 0x12, newPairingCode = 0x13, enrolPhone = 0x14, reload = 0x15
     }
+
+    /// For logs and errors: a PAM request's name, from its type byte (nil: not one).
+    public static func name(ofType type: UInt8) -> String? { Kind(rawValue: type).map { "\($0)" } }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -113,12 +98,6 @@ public enum PAMRequest: Equatable, Sendable {
         case .openSession(let user, let session, let service, let ticket):
             w.kind(Kind.openSession.rawValue); w.text(user); w.text(session); w.text(service); w.text(ticket)
         case .closeSession(let session): w.kind(Kind.closeSession.rawValue); w.text(session)
-        case .listPhones: w.kind(Kind.listPhones.rawValue)
-        case .revokePhone(let fp): w.kind(Kind.revokePhone.rawValue); w.text(fp)
-        case .daemonStatus: w.kind(Kind.daemonStatus.rawValue)
-        case .newPairingCode(let user): w.kind(Kind.newPairingCode.rawValue); w.text(user)
-        case .enrolPhone(let key, let user, let name): w.kind(Kind.enrolPhone.rawValue); w.text(key); w.text(user); w.text(name)
-        case .reload: w.kind(Kind.reload.rawValue)
         }
         return w.frame()
     }
@@ -144,12 +123,6 @@ public enum PAMRequest: Equatable, Sendable {
             request = .reportOutcome(verdict, reason: try r.text())
         case .openSession: request = .openSession(user: try r.text(), sessionID: try r.text(), service: try r.text(), ticket: try r.text())
         case .closeSession: request = .closeSession(sessionID: try r.text())
-        case .listPhones: request = .listPhones
-        case .revokePhone: request = .revokePhone(fingerprint: try r.text())
-        case .daemonStatus: request = .daemonStatus
-        case .newPairingCode: request = .newPairingCode(user: try r.text())
-        case .enrolPhone: request = .enrolPhone(key: try r.text(), user: try r.text(), name: try r.text())
-        case .reload: request = .reload
         }
         try r.end()
         return request
@@ -180,8 +153,6 @@ public enum PAMReply: Equatable, Sendable {
     case noPush(NoPushReason)
     case ok
     case error(String)
-    /// Admin output, one line per entry.
-    case text(String)
 
     public enum NoPushReason: UInt8, Sendable { case timedOut = 0, superseded = 1, shuttingDown = 2, nothingYet = 3 }
 
@@ -193,7 +164,8 @@ public enum PAMReply: Equatable, Sendable {
         }
     }
 
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, text = 0x86, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
+    /// 0x86 was admin output, now the admin socket's (`AdminReply`).
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -206,7 +178,6 @@ public enum PAMReply: Equatable, Sendable {
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
-        case .text(let t): w.kind(Kind.text.rawValue); w.longText(t)
         }
         return w.frame()
     }
@@ -259,7 +230,6 @@ public enum PAMReply: Equatable, Sendable {
             reply = .noPush(reason)
         case .ok: reply = .ok
         case .error: reply = .error(try r.text())
-        case .text: reply = .text(try r.longText())
         }
         try r.end()
         return reply
@@ -352,8 +322,6 @@ public enum PAMConnectionState: Equatable, Sendable {
         case (.pushed, .capturedPassword): return .pushed
         case (.pushed, .cancel): return .done
         case (.fresh, .openSession), (.fresh, .closeSession): return .done
-        case (.fresh, .listPhones), (.fresh, .daemonStatus), (.fresh, .revokePhone),
-             (.fresh, .newPairingCode), (.fresh, .enrolPhone), (.fresh, .reload): return .fresh
         default: return nil
         }
     }

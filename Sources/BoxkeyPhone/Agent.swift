@@ -63,7 +63,7 @@ public actor Agent {
     }
 
     private var phone: Phone
-    private let radio: PhoneRadio
+    private let radio: any PhoneRadio
     private let lifetime: Duration
     private let log: @Sendable (String) -> Void
     private let clock = ContinuousClock()
@@ -93,7 +93,7 @@ public actor Agent {
     private var nextOffer: ContinuousClock.Instant?
     private var scanning = false
 
-    public init(phone: Phone, radio: PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, log: @escaping @Sendable (String) -> Void) {
+    public init(phone: Phone, radio: any PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, log: @escaping @Sendable (String) -> Void) {
         self.proximity = proximity
         self.phone = phone
         self.radio = radio
@@ -261,7 +261,7 @@ public actor Agent {
     /// advertising interval, 100 ms), then one connection and handshake; a prompt that appears
     /// while nothing was near waits for the next scan too (`idleScanPeriod`).
     public func proximityTick() async {
-        followSimMove()
+        followWalks()
         guard let proximity, mayOffer, !scanning else { if !scanning { heardNear = [:] }; return }
         scanning = true
         defer { scanning = false }
@@ -292,7 +292,7 @@ public actor Agent {
             }
             while !approaching, clock.now - scanStarted < Self.idleScanPeriod {
                 try? await Task.sleep(for: .milliseconds(50))
-                followSimMove()
+                followWalks()
             }
         }
     }
@@ -324,11 +324,11 @@ public actor Agent {
                 try? await Task.sleep(for: .seconds(1))  // a radio that failed: wait out the second, not a tight loop
             }
             // The simulated radio's walks, followed while listening (a real phone just moves).
-            if radio.simulated != nil {
+            if radio.canWalk {
                 group.addTask {
                     while !Task.isCancelled {
                         try? await Task.sleep(for: .milliseconds(50))
-                        await self.followSimMove()
+                        await self.followWalks()
                     }
                 }
             }
@@ -346,7 +346,7 @@ public actor Agent {
     }
 
     /// Simulated radio: `boxkey sim move` walks this phone (the presence link does it while one runs).
-    private func followSimMove() { if presence == nil { radio.followSimMove(log: log) } }
+    private func followWalks() { if presence == nil { radio.followMoves(log: log) } }
 
     private func offer(at id: BoxID) async {
         guard let held, !busy else { return }

@@ -5,7 +5,7 @@ import Glibc
 /// `boxkey doctor`: what stops this phone logging in, each with what to do. Reads only: it
 /// never makes a phone key.
 public enum PhoneDoctor {
-    public static func run(radio: RadioChoice.Backend, adapter: String?, dirs: PhoneDirectories = PhoneDirectories()) async -> DoctorReport {
+    public static func run(radio: RadioBackend, adapter: String?, dirs: PhoneDirectories = PhoneDirectories()) async -> DoctorReport {
         var report = DoctorReport()
         if radio == .simulated {
             report.warn("radio", "the simulated radio: only a box on this machine hears it", do: "unset BOXKEY_RADIO (or --radio bluez) for real Bluetooth")

@@ -36,11 +36,4 @@ public struct PhoneIdentity: Sendable {
         return PhoneIdentity(keyPair: try KeyPair(privateKey: SecureBytes(copying: Array(bytes[0..<32]))),
                              deviceSecret: SecureBytes(copying: Array(bytes[32..<64])))
     }
-
-    /// A stable simulated-radio address for this phone.
-    public var simulatedAddress: DeviceAddress {
-        let h = Blake2b.hash(keyPair.publicKey.bytes, outputLength: 3)
-        let hex = h.prefix(3).map { ($0 < 16 ? "0" : "") + String($0, radix: 16, uppercase: true) }
-        return DeviceAddress("00:50:48:" + hex.joined(separator: ":"))!
-    }
 }

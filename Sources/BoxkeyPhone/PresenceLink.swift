@@ -21,7 +21,7 @@ public final class PresenceLink: Sendable {
 
     public let box: BoxID
     private let phone: Phone
-    private let radio: PhoneRadio
+    private let radio: any PhoneRadio
     private let keepalive: Duration
     private let log: @Sendable (String) -> Void
     private let state: NIOLockedValueBox<State>
@@ -35,7 +35,7 @@ public final class PresenceLink: Sendable {
         var ended = false
     }
 
-    public init(box: BoxID, link: BoxLink, phone: Phone, radio: PhoneRadio, keepalive: Duration = BoxkeyProtocol.keepaliveInterval,
+    public init(box: BoxID, link: BoxLink, phone: Phone, radio: any PhoneRadio, keepalive: Duration = BoxkeyProtocol.keepaliveInterval,
                 log: @escaping @Sendable (String) -> Void) {
         self.box = box
         self.phone = phone
@@ -77,7 +77,7 @@ public final class PresenceLink: Sendable {
         let clock = MonotonicClock()
         var nextKeepalive = clock.now + keepalive
         while true {
-            radio.followSimMove(log: log)
+            radio.followMoves(log: log)
             let (link, leave, action) = state.withLockedValue { s in (s.link, s.leave, s.actions.isEmpty ? nil : s.actions.removeFirst()) }
             if let detach = leave {
                 if detach { try? await link.send(.detach) }
@@ -140,7 +140,7 @@ public final class PresenceLink: Sendable {
         let central = radio.centralForReattach()
         var phone = phone
         while true {
-            radio.followSimMove(log: log)
+            radio.followMoves(log: log)
             if let detach = state.withLockedValue({ $0.leave }) { return .left(detached: detach) }
             // No link to act on while looking for the box: whoever asked uses a new one.
             failPending()

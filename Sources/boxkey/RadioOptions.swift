@@ -1,13 +1,14 @@
 import ArgumentParser
 import BoxkeyHost
 import BoxkeyPhone
+import BoxkeyTransports
 import FoundationEssentials
 
-extension RadioChoice.Backend: ExpressibleByArgument {}
+extension RadioBackend: ExpressibleByArgument {}
 
 struct RadioOptions: ParsableArguments {
     @Option(help: "Radio: bluez, simulated or auto (default $BOXKEY_RADIO or bluez). auto uses BlueZ when it has an adapter, else the simulated radio, and says so.")
-    var radio: RadioChoice.Backend = ProcessInfo.processInfo.environment["BOXKEY_RADIO"].flatMap(RadioChoice.Backend.init) ?? .bluez
+    var radio: RadioBackend = ProcessInfo.processInfo.environment["BOXKEY_RADIO"].flatMap(RadioBackend.init) ?? .bluez
 
     @Option(help: "BlueZ: the adapter to use, e.g. hci1 (default $BOXKEY_ADAPTER or the first).")
     var adapter: String? = ProcessInfo.processInfo.environment["BOXKEY_ADAPTER"]
@@ -20,14 +21,14 @@ struct RadioOptions: ParsableArguments {
 
     func validate() throws {
         // A misspelt BOXKEY_RADIO must not quietly mean BlueZ.
-        if let value = ProcessInfo.processInfo.environment["BOXKEY_RADIO"], !value.isEmpty, RadioChoice.Backend(rawValue: value) == nil {
+        if let value = ProcessInfo.processInfo.environment["BOXKEY_RADIO"], !value.isEmpty, RadioBackend(rawValue: value) == nil {
             throw ValidationError("BOXKEY_RADIO must be bluez, simulated or auto, not \"\(value)\"")
         }
     }
 
-    func open(_ phone: Phone) async throws -> PhoneRadio {
-        let opened = try await PhoneRadio.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
-        if radio == .auto, opened.simulated != nil {
+    func open(_ phone: Phone) async throws -> any PhoneRadio {
+        let opened = try await PhoneRadios.open(radio, adapter: adapter, simDirectory: simDirectory, simPosition: simPosition, identity: phone.identity)
+        if radio == .auto, opened is SimulatedPhoneRadio {
             // Never silently: a box on real Bluetooth cannot hear this phone now.
             Console.error("boxkey: no Bluetooth adapter; --radio auto uses the simulated radio\n")
         }

@@ -39,7 +39,7 @@ extension Boxkey {
         static let goneAfter: Duration = .seconds(5)
 
         /// `--watch`: the list of nearby boxes, kept up to date until Ctrl-C or SIGTERM.
-        private func watchNearby(_ radio: PhoneRadio, boxes: PairedBoxes, live: Bool) async {
+        private func watchNearby(_ radio: any PhoneRadio, boxes: PairedBoxes, live: Bool) async {
             let central = radio.central
             let clock = MonotonicClock()
             final class Watched: Sendable {
@@ -79,7 +79,7 @@ extension Boxkey {
                     while !Task.isCancelled {
                         try? await Task.sleep(for: .milliseconds(500))
                         // Simulated radio: the phone walks where `boxkey sim move` says.
-                        radio.followSimMove(log: { _ in })
+                        radio.followMoves(log: { _ in })
                         watched.table.withLock { t in
                             for row in t.expire(at: clock.now, after: Self.goneAfter) { report(row, .gone) }
                             draw(&t)

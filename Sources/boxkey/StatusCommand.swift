@@ -1,6 +1,7 @@
 import ArgumentParser
 import BoxkeyCore
 import BoxkeyPhone
+import BoxkeyTransports
 import FoundationEssentials
 
 extension Boxkey {

@@ -3,6 +3,7 @@ import BoxkeyCore
 import BoxkeyDaemon
 import BoxkeyPAMWire
 import BoxkeyHost
+import BoxkeyTransports
 import FoundationEssentials
 import Glibc
 import Logging
@@ -97,7 +98,7 @@ extension Boxkeyd {
                 // SIGHUP re-reads the file; the options given here override only keys that a
                 // reload keeps as they are anyway.
                 let path = options.config
-                try await Daemon.run(config: config, logger: logger, reload: { try DaemonConfig.load(path: path, missingIsError: true) })
+                try await Daemon.run(config: config, radios: BoxRadios(), logger: logger, reload: { try DaemonConfig.load(path: path, missingIsError: true) })
             } catch let error as Daemon.StartError {
                 logger.critical("cannot start: \(error.description)")
                 throw ExitCode(error.exitCode)
@@ -218,22 +219,21 @@ extension Boxkeyd {
 }
 
 /// One request to the running daemon; returns its answer.
-func ask(_ request: PAMRequest, _ options: DaemonOptions) throws -> String {
+func ask(_ request: AdminRequest, _ options: DaemonOptions) throws -> String {
     try ask(request, config: try options.load())
 }
 
-func ask(_ request: PAMRequest, config: DaemonConfig) throws -> String {
+func ask(_ request: AdminRequest, config: DaemonConfig) throws -> String {
     do {
-        let client = try PAMSocketClient(path: config.adminSocket)
+        let client = try DaemonSocketClient(path: config.adminSocket)
         try client.send(request)
-        switch try client.receive(timeoutMilliseconds: 5000) {
+        switch try client.receiveAdmin(timeoutMilliseconds: 5000) {
         case .text(let t): return t
         case .error(let e):
             Console.error("boxkeyd: \(e)\n")
             throw ExitCode(1)
-        default: throw ExitCode(1)
         }
-    } catch let e as PAMSocketClient.Error {
+    } catch let e as DaemonSocketClient.Error {
         Console.error("boxkeyd: the daemon is not answering on \(config.adminSocket) (\(e)); is it running, and are you root?\n")
         throw ExitCode(69)   // EX_UNAVAILABLE
     }

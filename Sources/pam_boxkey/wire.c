@@ -157,15 +157,6 @@ static enum bk_decode_error text(struct reader *r, char out[BK_MAX_TEXT + 1]) {
     return BK_DECODED;
 }
 
-static enum bk_decode_error long_text(struct reader *r) {
-    uint8_t hi, lo;
-    const uint8_t *p;
-    enum bk_decode_error e;
-    if ((e = u8(r, &hi)) != BK_DECODED || (e = u8(r, &lo)) != BK_DECODED) return e;
-    if ((e = take(r, (size_t)hi << 8 | lo, &p)) != BK_DECODED) return e;
-    return bk_valid_utf8(p, (size_t)hi << 8 | lo) ? BK_DECODED : BK_INVALID_TEXT;
-}
-
 static enum bk_decode_error secret(struct reader *r, struct bk_reply *out) {
     uint8_t hi, lo;
     const uint8_t *p;
@@ -207,8 +198,6 @@ static enum bk_decode_error body(struct reader *r, struct bk_reply *out) {
     }
     case BK_OK:
         return BK_DECODED;
-    case BK_TEXT:
-        return long_text(r);
     default:
         return BK_UNKNOWN_TYPE;
     }

@@ -45,3 +45,36 @@ import Testing
         for state in [PAMConnectionState.fresh, .pushed, .done] { #expect(state.next(on: .intent) == nil) }
     }
 }
+
+/// The admin socket's messages: their own, so neither socket's decoder takes the other's.
+@Suite struct AdminWireTests {
+    static let requests: [AdminRequest] = [
+        .listPhones, .revokePhone(fingerprint: "ab12"), .daemonStatus, .newPairingCode(user: ""), .newPairingCode(user: "alice"),
+        .enrolPhone(key: String(repeating: "ab", count: 32), user: "alice", name: "pixel"), .reload,
+    ]
+
+    @Test func everyRequestAndReplyRoundTrips() throws {
+        for request in Self.requests { #expect(try AdminRequest.decode(Array(request.encode().dropFirst(2))) == request) }
+        for reply in [AdminReply.text("phones:\nalice"), .text(String(repeating: "x", count: 1500)), .error("no such user: bob")] {
+            #expect(try AdminReply.decode(Array(reply.encode().dropFirst(2))) == reply)
+        }
+    }
+
+    @Test func neitherSocketDecodesTheOthersRequests() throws {
+        for request in Self.requests {
+            let body = Array(request.encode().dropFirst(2))
+            #expect(throws: PAMWire.DecodeError.unknownType(body[1])) { try PAMRequest.decode(body) }
+            #expect(AdminRequest.name(ofType: body[1]) != nil && PAMRequest.name(ofType: body[1]) == nil)
+        }
+        let prompts: [PAMRequest] = [.waitForPush(.init(service: "login", tty: "tty1", display: "", expectedUser: "", timeoutMilliseconds: 1000)),
+                                     .cancel, .intent, .reportOutcome(.accepted, reason: ""), .capturedPassword([0x61]),
+                                     .openSession(user: "a", sessionID: "1", service: "login", ticket: ""), .closeSession(sessionID: "1")]
+        for request in prompts {
+            let body = Array(request.encode().dropFirst(2))
+            #expect(throws: PAMWire.DecodeError.unknownType(body[1])) { try AdminRequest.decode(body) }
+            #expect(PAMRequest.name(ofType: body[1]) != nil && AdminRequest.name(ofType: body[1]) == nil)
+        }
+        // The module never hears admin output: 0x86 is no PAM reply.
+        #expect(throws: PAMWire.DecodeError.unknownType(0x86)) { try PAMReply.decode(Array(AdminReply.text("x").encode().dropFirst(2))) }
+    }
+}

@@ -28,7 +28,7 @@ enum bk_verdict { BK_REJECTED = 0, BK_ACCEPTED = 1, BK_ACCEPTED_OTHER = 2 };
 /* Daemon to module. */
 enum bk_reply_kind {
     BK_PROMPT = 0x81, BK_PUSH = 0x82, BK_NO_PUSH = 0x83, BK_OK = 0x84, BK_ERROR = 0x85,
-    BK_TEXT = 0x86, BK_NOT_OFFERED = 0x87, BK_KEY_LOGIN = 0x88, BK_ESCROW_CAPTURE = 0x89,
+    BK_NOT_OFFERED = 0x87, BK_KEY_LOGIN = 0x88, BK_ESCROW_CAPTURE = 0x89,
 };
 
 enum bk_no_push { BK_TIMED_OUT = 0, BK_SUPERSEDED = 1, BK_SHUTTING_DOWN = 2, BK_NOTHING_YET = 3 };
@@ -64,7 +64,6 @@ void bk_encode_close_session(struct bk_frame *f, const char *session);
  *   push:            text[0] user, secret the password, text[1] ticket
  *   key_login, escrow_capture: text[0] user, text[1] ticket
  *   no_push:         number the reason (enum bk_no_push)
- *   text:            nothing kept (admin output; the module never asks for it)
  * The secret is the caller's to wipe (bk_reply_wipe). */
 struct bk_reply {
     uint8_t kind;

@@ -1,4 +1,5 @@
 import BoxkeyBlueZ
+import BoxkeyHost
 import BoxkeyRadio
 import BoxkeySimRadio
 
@@ -7,7 +8,7 @@ public enum RadioChoice: Equatable, Sendable {
     case bluez(adapter: String?)
     case simulated(directory: String)
 
-    public enum Backend: String, Sendable, CaseIterable { case auto, simulated, bluez }
+    public typealias Backend = RadioBackend
 
     public struct Failure: Error, CustomStringConvertible {
         public let description: String

@@ -2,10 +2,10 @@
 import Glibc
 #endif
 
-/// A blocking client for the daemon's socket with a deadline on every step: `poll`, never an
-/// unbounded read. Used inside `pam_boxkey.so` (no threads, no Swift concurrency there) and by
-/// `boxkeyd`'s admin commands.
-public final class PAMSocketClient {
+/// A blocking client for the daemon's sockets with a deadline on every step: `poll`, never an
+/// unbounded read. `boxkeyd`'s admin commands and its doctor use it on the admin socket; the
+/// benchmarks on the PAM socket.
+public final class DaemonSocketClient {
     public enum Error: Swift.Error, Equatable, CustomStringConvertible {
         /// No daemon listening (or no socket file).
         case unavailable(Int32)
@@ -54,8 +54,30 @@ public final class PAMSocketClient {
     }
 
     /// Sends one request, waiting at most `timeoutMilliseconds` for the socket to take it.
+    public func send(_ request: AdminRequest, timeoutMilliseconds: Int32 = 1000) throws(Error) {
+        try send(frame: request.encode(), timeoutMilliseconds: timeoutMilliseconds)
+    }
+
     public func send(_ request: PAMRequest, timeoutMilliseconds: Int32 = 1000) throws(Error) {
-        var bytes = request.encode()
+        try send(frame: request.encode(), timeoutMilliseconds: timeoutMilliseconds)
+    }
+
+    /// Reads the admin socket's reply, waiting at most `timeoutMilliseconds` in total.
+    public func receiveAdmin(timeoutMilliseconds: Int64) throws(Error) -> AdminReply {
+        var body = try receiveFrame(timeoutMilliseconds: timeoutMilliseconds)
+        defer { for i in body.indices { body[i] = 0 } }
+        do { return try AdminReply.decode(body) } catch { throw .protocolError("\(error)") }
+    }
+
+    /// Reads the PAM socket's reply, waiting at most `timeoutMilliseconds` in total.
+    public func receive(timeoutMilliseconds: Int64) throws(Error) -> PAMReply {
+        var body = try receiveFrame(timeoutMilliseconds: timeoutMilliseconds)
+        defer { for i in body.indices { body[i] = 0 } }
+        do { return try PAMReply.decode(body) } catch { throw .protocolError("\(error)") }
+    }
+
+    private func send(frame: [UInt8], timeoutMilliseconds: Int32) throws(Error) {
+        var bytes = frame
         defer { for i in bytes.indices { bytes[i] = 0 } }
         var offset = 0
         while offset < bytes.count {
@@ -67,18 +89,14 @@ public final class PAMSocketClient {
         }
     }
 
-    /// Reads one reply, waiting at most `timeoutMilliseconds` in total. `interrupt`, if given,
-    /// is checked between polls of at most 250 ms (a PAM conversation cannot be polled, but a
-    /// module may still want to stop early).
-    public func receive(timeoutMilliseconds: Int64) throws(Error) -> PAMReply {
+    /// One frame's body (without its length).
+    private func receiveFrame(timeoutMilliseconds: Int64) throws(Error) -> [UInt8] {
         let deadline = monotonicMilliseconds() + timeoutMilliseconds
         var header = try read(count: 2, deadline: deadline)
         let length = Int(header[0]) << 8 | Int(header[1])
         header = []
         guard length > 0, length <= PAMWire.maxFrameLength else { throw .protocolError("bad frame length \(length)") }
-        var body = try read(count: length, deadline: deadline)
-        defer { for i in body.indices { body[i] = 0 } }
-        do { return try PAMReply.decode(body) } catch { throw .protocolError("\(error)") }
+        return try read(count: length, deadline: deadline)
     }
 
     private func read(count: Int, deadline: Int64) throws(Error) -> [UInt8] {
