@@ -50,32 +50,82 @@ public enum AdminRequest: Equatable, Sendable {
     }
 }
 
-/// The daemon's answer to an admin request: its output (one line per entry, or JSON), or why not.
+/// The daemon's answer to an admin request: its output (one line per entry, or JSON), or why
+/// not. Output longer than a frame (a box with many phones) goes in parts: `part` frames, then
+/// the last as `text`, each part whole characters; `Reader` puts them together.
 public enum AdminReply: Equatable, Sendable {
     case text(String)
     case error(String)
 
-    /// The same type bytes as the PAM socket's `ok`, `error` and `text` once were.
-    enum Kind: UInt8 { case error = 0x85, text = 0x86 }
+    /// `error` and `text` keep the type bytes they had on the shared socket; `part` is new.
+    enum Kind: UInt8 { case error = 0x85, text = 0x86, part = 0x8a }
 
+    /// The most a part carries: a frame less its version, type and 2-byte length.
+    static let partBytes = PAMWire.maxFrameLength - 4
+    /// The most a reply carries in all: the reader refuses more.
+    public static let maxTextBytes = 4 << 20
+
+    /// The reply's frames, one after another (several for a long text).
     public func encode() -> [UInt8] {
-        var w = WireWriter()
         switch self {
-        case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
-        case .text(let t): w.kind(Kind.text.rawValue); w.longText(t)
+        case .error(let m):
+            var w = WireWriter()
+            w.kind(Kind.error.rawValue); w.text(m)
+            return w.frame()
+        case .text(let t):
+            var parts = Self.split(t)
+            let last = parts.removeLast()
+            var out: [UInt8] = []
+            for part in parts {
+                var w = WireWriter()
+                w.kind(Kind.part.rawValue); w.longText(part)
+                out += w.frame()
+            }
+            var w = WireWriter()
+            w.kind(Kind.text.rawValue); w.longText(last)
+            return out + w.frame()
         }
-        return w.frame()
     }
 
-    public static func decode(_ body: [UInt8]) throws(PAMWire.DecodeError) -> AdminReply {
-        var r = try WireReader(body)
-        guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
-        let reply: AdminReply
-        switch kind {
-        case .error: reply = .error(try r.text())
-        case .text: reply = .text(try r.longText())
+    /// `text` in pieces of at most `partBytes` bytes, cut between characters (at least one piece).
+    static func split(_ text: String) -> [String] {
+        var parts: [String] = []
+        var current = ""
+        var bytes = 0
+        for c in text.unicodeScalars {
+            let n = String(c).utf8.count
+            if bytes + n > partBytes { parts.append(current); current = ""; bytes = 0 }
+            current.unicodeScalars.append(c)
+            bytes += n
         }
-        try r.end()
-        return reply
+        parts.append(current)
+        return parts
+    }
+
+    /// Reads a reply frame by frame.
+    public struct Reader: Sendable {
+        var parts = ""
+        var bytes = 0
+        public init() {}
+
+        /// The reply once its last frame is read; nil while parts are still coming.
+        public mutating func read(_ body: [UInt8]) throws(PAMWire.DecodeError) -> AdminReply? {
+            var r = try WireReader(body)
+            guard let kind = Kind(rawValue: r.kind) else { throw .unknownType(r.kind) }
+            let reply: AdminReply?
+            switch kind {
+            case .error:
+                guard bytes == 0 else { throw .invalidValue(r.kind) }  // an error ends no text
+                reply = .error(try r.text())
+            case .part, .text:
+                let piece = try r.longText()
+                bytes += piece.utf8.count
+                guard bytes <= AdminReply.maxTextBytes else { throw .tooLong(bytes) }
+                parts += piece
+                reply = kind == .text ? .text(parts) : nil
+            }
+            try r.end()
+            return reply
+        }
     }
 }

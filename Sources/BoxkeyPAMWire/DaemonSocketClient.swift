@@ -62,11 +62,16 @@ public final class DaemonSocketClient {
         try send(frame: request.encode(), timeoutMilliseconds: timeoutMilliseconds)
     }
 
-    /// Reads the admin socket's reply, waiting at most `timeoutMilliseconds` in total.
+    /// Reads the admin socket's reply (all its parts), waiting at most `timeoutMilliseconds` in total.
     public func receiveAdmin(timeoutMilliseconds: Int64) throws(Error) -> AdminReply {
-        var body = try receiveFrame(timeoutMilliseconds: timeoutMilliseconds)
-        defer { for i in body.indices { body[i] = 0 } }
-        do { return try AdminReply.decode(body) } catch { throw .protocolError("\(error)") }
+        let deadline = monotonicMilliseconds() + timeoutMilliseconds
+        var reader = AdminReply.Reader()
+        while true {
+            let body = try receiveFrame(timeoutMilliseconds: max(1, deadline - monotonicMilliseconds()))
+            do {
+                if let reply = try reader.read(body) { return reply }
+            } catch { throw .protocolError("\(error)") }
+        }
     }
 
     /// Reads the PAM socket's reply, waiting at most `timeoutMilliseconds` in total.

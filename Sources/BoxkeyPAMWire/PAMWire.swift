@@ -246,7 +246,7 @@ struct WireWriter {
         bytes.append(UInt8(u.count)); bytes += u
     }
     mutating func longText(_ s: String) {
-        let u = Array(s.utf8.prefix(PAMWire.maxFrameLength - 8))
+        let u = Array(s.utf8.prefix(PAMWire.maxFrameLength - 4))
         bytes += [UInt8(u.count >> 8), UInt8(u.count & 0xff)]; bytes += u
     }
     mutating func secret(_ s: [UInt8]) {

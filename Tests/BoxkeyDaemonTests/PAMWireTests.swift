@@ -55,9 +55,32 @@ import Testing
 
     @Test func everyRequestAndReplyRoundTrips() throws {
         for request in Self.requests { #expect(try AdminRequest.decode(Array(request.encode().dropFirst(2))) == request) }
-        for reply in [AdminReply.text("phones:\nalice"), .text(String(repeating: "x", count: 1500)), .error("no such user: bob")] {
-            #expect(try AdminReply.decode(Array(reply.encode().dropFirst(2))) == reply)
+        for reply in [AdminReply.text("phones:\nalice"), .text(""), .text(String(repeating: "x", count: 1500)), .error("no such user: bob")] {
+            var reader = AdminReply.Reader()
+            #expect(try reader.read(Array(reply.encode().dropFirst(2))) == reply)
         }
+    }
+
+    /// A list longer than a frame (a box with many phones) arrives whole, in parts cut between
+    /// characters; a reader stops at the total cap.
+    @Test func longOutputGoesInPartsAndComesBackWhole() throws {
+        let long = String(repeating: "жанна ✓ alice\n", count: 700)   // ~12 KB, multi-byte characters
+        var frames = AdminReply.text(long).encode()[...]
+        var reader = AdminReply.Reader()
+        var got: AdminReply?
+        var count = 0
+        while got == nil, frames.count >= 2 {
+            let length = Int(frames[frames.startIndex]) << 8 | Int(frames[frames.startIndex + 1])
+            #expect(length <= PAMWire.maxFrameLength)
+            let body = Array(frames.dropFirst(2).prefix(length))
+            frames = frames.dropFirst(2 + length)
+            got = try reader.read(body)
+            count += 1
+        }
+        #expect(got == .text(long) && frames.isEmpty && count > 5)
+        var capped = AdminReply.Reader()
+        let part = Array(AdminReply.text(String(repeating: "x", count: 5000)).encode().dropFirst(2).prefix(2048))
+        #expect(throws: PAMWire.DecodeError.self) { for _ in 0...(AdminReply.maxTextBytes / 2044) { _ = try capped.read(part) } }
     }
 
     @Test func neitherSocketDecodesTheOthersRequests() throws {
@@ -76,5 +99,7 @@ import Testing
         }
         // The module never hears admin output: 0x86 is no PAM reply.
         #expect(throws: PAMWire.DecodeError.unknownType(0x86)) { try PAMReply.decode(Array(AdminReply.text("x").encode().dropFirst(2))) }
+        var reader = AdminReply.Reader()
+        #expect(throws: PAMWire.DecodeError.self) { try reader.read(Array(PAMReply.ok.encode().dropFirst(2))) }
     }
 }

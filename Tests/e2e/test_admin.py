@@ -121,6 +121,22 @@ def test_revoke_names_the_phone_and_asks(world):
     assert json.loads(world.admin("phones", "list", "--json").stdout)[0].get("revokedAt")
 
 
+def test_a_long_phone_list_arrives_whole(world):
+    """Before: admin output was one frame (at most 2 KB), so `boxkeyd phones list` failed on a
+    box with about ten phones. Now a long answer goes in parts."""
+    world.start_box()
+    keys = [os.urandom(32).hex() for _ in range(40)]
+    for n, key in enumerate(keys):
+        r = world.admin("phones", "enrol", key, "--user", "alice", "--name", f"phone {n} ✓ жанны")
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = world.admin("phones", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout) > 8000 and sorted(p["key"] for p in json.loads(r.stdout)) == sorted(keys)
+    r = world.admin("phones", "list")
+    assert r.returncode == 0 and r.stdout.count("phone ") >= 40, r.stdout + r.stderr
+    assert world.admin("status").returncode == 0
+
+
 def test_no_phone_is_enrolled_for_root_unless_the_config_says_so(world):
     """Before: `boxkeyd pair-code --user root` was accepted: a code read off the admin's screen
     made a phone a root key."""
