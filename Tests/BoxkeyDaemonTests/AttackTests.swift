@@ -68,8 +68,8 @@ import Testing
         return key
     }
 
-    @Test func replayedHandshakeIsRefused() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func replayedHandshakeIsRefused(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
             let recorded = try phone.start()
@@ -85,8 +85,8 @@ import Testing
         }
     }
 
-    @Test func replayedCredentialMessageIsRejected() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func replayedCredentialMessageIsRejected(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
             let phoneKey = await enrolledKey(h)
@@ -112,8 +112,8 @@ import Testing
         }
     }
 
-    @Test func staleAdvertisementFromARelayIsRefused() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func staleAdvertisementFromARelayIsRefused(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             let old = try await advert(h)
             await h.box.rotateNonce()
@@ -155,8 +155,8 @@ import Testing
     /// Notifications reach every subscribed phone, tagged with the connection's channel. A
     /// phone that copies another connection's channel (seen on the air) is hung up on without a
     /// word: anything the box said on that channel would reach the other phone.
-    @Test func anotherConnectionsChannelIsRefusedSilently() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func anotherConnectionsChannelIsRefusedSilently(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
             var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
@@ -180,8 +180,8 @@ import Testing
     /// The same copy, but with a broken first fragment: the box's refusal of a malformed
     /// fragment must not go out on the copied channel (the victim would take it as its own
     /// and end its login or presence link).
-    @Test func aBrokenFragmentOnACopiedChannelGetsNoRefusalOnIt() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func aBrokenFragmentOnACopiedChannelGetsNoRefusalOnIt(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
             var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
@@ -218,8 +218,8 @@ import Testing
         }
     }
 
-    @Test func unknownVersionAndMessageType() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func unknownVersionAndMessageType(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
             var first = try phone.start()

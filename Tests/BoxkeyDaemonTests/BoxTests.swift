@@ -40,16 +40,30 @@ extension Box {
     func failedHandshakeCount(_ address: DeviceAddress) -> Int { failedHandshakes.count(address, now: clock.now) }
 }
 
-/// The real Box and RadioService on the in-process simulated air, in real time.
+/// Where the box and its phones meet in a test.
+enum AirBackend: String, CaseIterable, CustomTestStringConvertible, Sendable {
+    /// One simulated air in this process.
+    case inProcess
+    /// Two socket airs sharing a private folder, as boxkeyd and boxkey use the simulated radio
+    /// between processes: the box's events and the phones' cross Unix sockets.
+    case crossProcess
+
+    var testDescription: String { rawValue }
+}
+
+/// The real Box and RadioService on the simulated air (in process, or across sockets), in real time.
 struct BoxHarness {
-    let air = SimulatedAir(clock: MonotonicClock(), pacing: .realTime)
+    /// The phones' air (in process, the box's too): where tests add centrals and move them.
+    let air: SimulatedAir
     let box: Box
     let sessions = RecordedSessions()
     let service: RadioService
     let presence: PresenceService
     let state: String
+    /// The cross-process airs (the box's, the phones'), shut down when the run ends.
+    private let socketAirs: (box: SocketAir, phones: SocketAir)?
 
-    init(configure: (inout DaemonConfig) -> Void = { _ in }) throws {
+    init(_ backend: AirBackend = .inProcess, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
         state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-box-\(UUID().uuidString.prefix(8))").path
         var config = DaemonConfig()
         config.stateDirectory = state
@@ -60,7 +74,22 @@ struct BoxHarness {
         logger.logLevel = .critical
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
                   clock: MonotonicClock(), logger: logger, radioDescription: "test air", userID: testUsers)
-        let peripheral = air.peripheral(DeviceAddress("00:B0:C5:00:48:21")!, at: 0)
+        let address = DeviceAddress("00:B0:C5:00:48:21")!
+        let peripheral: SimulatedPeripheral
+        switch backend {
+        case .inProcess:
+            air = SimulatedAir(clock: MonotonicClock(), pacing: .realTime)
+            peripheral = air.peripheral(address, at: 0)
+            socketAirs = nil
+        case .crossProcess:
+            let directory = state + "/air"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            let boxAir = try SocketAir(directory: directory)
+            let phoneAir = try SocketAir(directory: directory)
+            peripheral = try boxAir.peripheral(address, at: 0)
+            air = phoneAir.air
+            socketAirs = (boxAir, phoneAir)
+        }
         presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
         service = RadioService(box: box, peripheral: peripheral, config: config,
                                clock: MonotonicClock(), logger: logger)
@@ -111,6 +140,8 @@ struct BoxHarness {
             try await body()
             group.cancelAll()
         }
+        socketAirs?.phones.shutdown()
+        socketAirs?.box.shutdown()
         try? FileManager.default.removeItem(atPath: state)
     }
 }
@@ -154,8 +185,8 @@ struct BoxHarness {
 
     /// One enrolled key opening link after link (from ever new addresses, as an attacker who
     /// copied a phone's key, or a buggy phone, would) holds two slots, not the whole box.
-    @Test func onePhoneKeyHoldsAtMostTwoSlots() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func onePhoneKeyHoldsAtMostTwoSlots(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             let (identity, _) = await h.phone(0x30, enrolledFor: "alice")
             let key = h.box.identity.keyPair.publicKey
@@ -183,8 +214,8 @@ struct BoxHarness {
 
     /// BlueZ (and the model of it) sends every notification to every subscribed phone: two
     /// phones logging in at once each get their own answers, rounds after rounds.
-    @Test func twoPhonesLoggingInAtOnceEachGetTheirOwnAnswers() async throws {
-        let h = try BoxHarness()
+    @Test(arguments: AirBackend.allCases) func twoPhonesLoggingInAtOnceEachGetTheirOwnAnswers(_ air: AirBackend) async throws {
+        let h = try BoxHarness(air)
         try await h.run {
             for round in 0..<3 {
                 // Each prompt names its user, as a greeter with a user list does: a prompt for anyone

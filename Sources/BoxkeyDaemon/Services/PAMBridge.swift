@@ -3,6 +3,7 @@ import BoxkeyPAMWire
 import CBoxkeySys
 import FoundationEssentials
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
@@ -55,6 +56,10 @@ public struct PAMBridge: Service, CustomStringConvertible {
                     }
                 }
                 var state = PAMConnectionState.fresh
+                // Set by the answer to Enter once it carries a push (or key login, capture): the
+                // stack verifies it now, and may report. The bridge's own record of what it
+                // handed the module, not a question to the box.
+                let delivered = NIOLockedValueBox(false)
                 var prompt: UInt64?
                 var wait = Duration.zero
                 requests: for try await frame in inbound {
@@ -75,7 +80,7 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         }
                         break
                     }
-                    if state == .waiting, let prompt, await box.hasPush(prompt) { state = .pushed }
+                    if state == .waiting, delivered.withLockedValue({ $0 }) { state = .pushed }
                     guard let next = state.next(on: request) else {
                         logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
                         replyContinuation.yield(.reply(.error("request not allowed now")))
@@ -96,7 +101,11 @@ public struct PAMBridge: Service, CustomStringConvertible {
                         // loop, so a cancel or a hang-up ends it.
                         if let prompt {
                             let wait = wait
-                            group.addTask { replyContinuation.yield(.answer(await box.take(prompt, wait: wait))) }
+                            group.addTask {
+                                let answer = await box.take(prompt, wait: wait)
+                                if answer.pushedUser != nil { delivered.withLockedValue { $0 = true } }
+                                replyContinuation.yield(.answer(answer))
+                            }
                         }
                     case .capturedPassword(var password):
                         if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
