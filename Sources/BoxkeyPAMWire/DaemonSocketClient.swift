@@ -55,11 +55,16 @@ public final class DaemonSocketClient {
 
     /// Sends one request, waiting at most `timeoutMilliseconds` for the socket to take it.
     public func send(_ request: AdminRequest, timeoutMilliseconds: Int32 = 1000) throws(Error) {
-        try send(frame: request.encode(), timeoutMilliseconds: timeoutMilliseconds)
+        var frame = request.encode()
+        defer { for i in frame.indices { frame[i] = 0 } }
+        try send(frame: &frame, timeoutMilliseconds: timeoutMilliseconds)
     }
 
+    /// The encoded frame (a captured password in it) is this function's only copy, wiped after.
     public func send(_ request: PAMRequest, timeoutMilliseconds: Int32 = 1000) throws(Error) {
-        try send(frame: request.encode(), timeoutMilliseconds: timeoutMilliseconds)
+        var frame = request.encode()
+        defer { for i in frame.indices { frame[i] = 0 } }
+        try send(frame: &frame, timeoutMilliseconds: timeoutMilliseconds)
     }
 
     /// Reads the admin socket's reply (all its parts), waiting at most `timeoutMilliseconds` in total.
@@ -81,9 +86,7 @@ public final class DaemonSocketClient {
         do { return try PAMReply.decode(body) } catch { throw .protocolError("\(error)") }
     }
 
-    private func send(frame: [UInt8], timeoutMilliseconds: Int32) throws(Error) {
-        var bytes = frame
-        defer { for i in bytes.indices { bytes[i] = 0 } }
+    private func send(frame bytes: inout [UInt8], timeoutMilliseconds: Int32) throws(Error) {
         var offset = 0
         while offset < bytes.count {
             try wait(for: Int16(POLLOUT), timeoutMilliseconds)

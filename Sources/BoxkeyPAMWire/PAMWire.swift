@@ -241,8 +241,16 @@ struct WireWriter {
     mutating func kind(_ k: UInt8) { bytes.append(k) }
     mutating func u8(_ v: UInt8) { bytes.append(v) }
     mutating func u32(_ v: UInt32) { for s in stride(from: 24, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: v >> UInt32(s))) } }
+    /// At most 255 bytes of whole characters, control characters (which every decoder refuses)
+    /// as spaces: an error that quotes a file or an error's own words still arrives.
     mutating func text(_ s: String) {
-        let u = Array(s.utf8.prefix(255))
+        var u: [UInt8] = []
+        for scalar in s.unicodeScalars {
+            let control = scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value)
+            let encoded = Array(String(Character(control ? " " : scalar)).utf8)
+            guard u.count + encoded.count <= 255 else { break }
+            u += encoded
+        }
         bytes.append(UInt8(u.count)); bytes += u
     }
     mutating func longText(_ s: String) {

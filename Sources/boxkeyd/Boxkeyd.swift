@@ -233,6 +233,10 @@ func ask(_ request: AdminRequest, config: DaemonConfig) throws -> String {
             Console.error("boxkeyd: \(e)\n")
             throw ExitCode(1)
         }
+    } catch DaemonSocketClient.Error.protocolError(let why) {
+        // It answered, but not in words this command reads: another release's daemon, most likely.
+        Console.error("boxkeyd: the daemon on \(config.adminSocket) answered in a form this command does not read (\(why)); is it the same release as this command?\n")
+        throw ExitCode(76)   // EX_PROTOCOL
     } catch let e as DaemonSocketClient.Error {
         Console.error("boxkeyd: the daemon is not answering on \(config.adminSocket) (\(e)); is it running, and are you root?\n")
         throw ExitCode(69)   // EX_UNAVAILABLE

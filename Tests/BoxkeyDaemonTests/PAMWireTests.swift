@@ -61,6 +61,17 @@ import Testing
         }
     }
 
+    /// An error quoting something long, multi-byte or with a newline still arrives, as whole
+    /// characters and without control characters (before, it was cut mid-character or refused,
+    /// and the admin command said the daemon was not answering).
+    @Test func anErrorOfAnyTextArrives() throws {
+        let why = "cannot read /etc/boxkey/boxkeyd.conf:\n" + String(repeating: "ж", count: 200)
+        var reader = AdminReply.Reader()
+        guard case .error(let got)? = try reader.read(Array(AdminReply.error(why).encode().dropFirst(2))) else { Issue.record("not an error"); return }
+        #expect(got.utf8.count <= 255 && got.hasPrefix("cannot read /etc/boxkey/boxkeyd.conf: жж") && !got.contains("\n"))
+        #expect(try PAMReply.decode(Array(PAMReply.notOffered("tab\there").encode().dropFirst(2))) == .notOffered("tab here"))
+    }
+
     /// A list longer than a frame (a box with many phones) arrives whole, in parts cut between
     /// characters; a reader stops at the total cap.
     @Test func longOutputGoesInPartsAndComesBackWhole() throws {

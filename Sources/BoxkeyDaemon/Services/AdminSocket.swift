@@ -40,7 +40,12 @@ public struct AdminSocket: Service, CustomStringConvertible {
                     }
                     return
                 }
-                try await outbound.write(ByteBuffer(bytes: await answer(request).encode()))
+                var reply = await answer(request)
+                // The client reads at most this much: say why rather than send what it refuses.
+                if case .text(let text) = reply, text.utf8.count > AdminReply.maxTextBytes {
+                    reply = .error("the answer is over \(AdminReply.maxTextBytes >> 20) MiB, more than the admin socket carries")
+                }
+                try await outbound.write(ByteBuffer(bytes: reply.encode()))
             }
         }
     }

@@ -107,9 +107,11 @@ public struct PAMBridge: Service, CustomStringConvertible {
                                 replyContinuation.yield(.answer(answer))
                             }
                         }
-                    case .capturedPassword(var password):
+                    case .capturedPassword(let password):
                         if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
-                        secureZero(&password)
+                        // Wiped in place: the request still holds this storage, so a mutable copy
+                        // would be wiped instead of it.
+                        password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
                     case .reportOutcome(let verdict, let reason):
                         if let prompt { await box.report(prompt, verdict, reason: reason) }
                         replyContinuation.yield(.reply(.ok))

@@ -2,6 +2,7 @@ import BoxkeyCore
 import BoxkeyPAMWire
 import CBoxkeySys
 import FoundationEssentials
+import Glibc
 import Logging
 import NIOCore
 import NIOPosix
@@ -43,9 +44,11 @@ struct RootSocket: Sendable {
                     try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 }
             }
-        // Root only: the mode keeps others out, SO_PEERCRED checks whoever is let in.
-        chmod(path, 0o600)
-        if let first = allowedUIDs.first(where: { $0 != 0 }), getuid() == 0 { chown(path, first, gid_t(bitPattern: -1)) }
+        // Root only: the mode keeps others out, SO_PEERCRED checks whoever is let in. Neither
+        // call follows a symbolic link put in the socket's place meanwhile (a folder the allowed
+        // account can write would let it aim root's chown at any file).
+        fchmodat(AT_FDCWD, path, 0o600, AT_SYMLINK_NOFOLLOW)
+        if let owner = allowedUIDs.filter({ $0 != 0 }).min(), getuid() == 0 { lchown(path, owner, gid_t(bitPattern: -1)) }
         logger.info("\(name) socket listening on \(path)")
         readiness?.ready("\(name) socket")
         // Graceful shutdown cancels the work below; that is a normal end, not an error.
