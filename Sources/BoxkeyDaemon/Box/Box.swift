@@ -15,6 +15,18 @@ enum RadioAction: Sendable {
     case setInfo([UInt8])
 }
 
+/// Work a decision starts but does not wait for (logind calls take their time, and the actor
+/// must keep serving meanwhile). `RadioService` runs each job as a child task of its own, so
+/// the work belongs to a service of the ServiceGroup and ends with it.
+enum BoxWork: Sendable {
+    /// Lock, logout or attach, asked on a phone's link.
+    case act(ActionResult.Action, link: CentralID)
+    /// `[unlock] logind_unlock`: a push with no prompt open, verified and unlocked here.
+    case unlockThroughLogind(CredentialPush, phone: PublicKey, link: CentralID)
+    /// After a walk-away lock: checks the sessions did lock, and ends those that did not.
+    case settle(locked: [LoginSession], phone: PublicKey, endable: Set<String>)
+}
+
 /// What Enter at an open prompt receives: the push (password still in secure memory, for the
 /// PAM bridge to write straight into the socket buffer), or why none came.
 public enum PromptAnswer: Sendable {
@@ -74,6 +86,8 @@ public actor Box {
     var links: [CentralID: PhoneLink] = [:]
     let outbox: AsyncStream<RadioAction>
     let outboxContinuation: AsyncStream<RadioAction>.Continuation
+    let work: AsyncStream<BoxWork>
+    let workContinuation: AsyncStream<BoxWork>.Continuation
 
     // Trust
     var enrolment: Enrolment
@@ -171,6 +185,7 @@ public actor Box {
         rejectedByUser = RateLimiter(limit: config.rejectedPushesPerUser, window: config.rejectionWindow)
         rejectedNewPhones = RateLimiter(limit: config.rejectedPushesPerPhone, window: config.rejectionWindow)
         (outbox, outboxContinuation) = AsyncStream.makeStream(of: RadioAction.self)
+        (work, workContinuation) = AsyncStream.makeStream(of: BoxWork.self)
     }
 
     /// SIGHUP: takes the new settings that can change while running (limits, enrolment,
@@ -402,7 +417,7 @@ public actor Box {
         case .action(.pair)?:
             completePairing(on: id, now: now)
         case .action(let action)?:
-            Task { await self.act(action, for: id) }
+            workContinuation.yield(.act(action, link: id))
         case .close(let reason)?:
             closed(id, reason: reason, now: now)
             drop(id)
@@ -581,7 +596,7 @@ public actor Box {
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
         case .none where config.logindUnlock:
             links[id]?.prompt = nil
-            Task { await self.unlockThroughLogind(push, phone: phone, on: id) }
+            workContinuation.yield(.unlockThroughLogind(push, phone: phone, link: id))
         case .none:
             audit.audit(.notice, .pushRefused, "refused push: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
             finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
@@ -1124,6 +1139,15 @@ public actor Box {
 
     // MARK: - Lock, logout, attach, walk-away
 
+    /// Runs one job a decision queued (`BoxWork`).
+    func run(_ job: BoxWork) async {
+        switch job {
+        case .act(let action, let id): await act(action, for: id)
+        case .unlockThroughLogind(let push, let phone, let id): await unlockThroughLogind(push, phone: phone, on: id)
+        case .settle(let locked, let phone, let endable): await settle(await unconfirmedLocks(locked), phone: phone, endable: endable)
+        }
+    }
+
     private func act(_ action: ActionResult.Action, for id: CentralID) async {
         guard let phone = links[id]?.connection.phoneKey else { return }
         let users = enrolledUsers(of: phone)
@@ -1235,7 +1259,7 @@ public actor Box {
         guard outcome == .done else { return outcome }
         if walkAway {
             // Nobody waits for the answer: the timers carry on while the sessions are checked.
-            Task { await self.settle(await self.unconfirmedLocks(list), phone: phone, endable: endable) }
+            workContinuation.yield(.settle(locked: list, phone: phone, endable: endable))
             return outcome
         }
         let open = await unconfirmedLocks(list)
@@ -1448,6 +1472,7 @@ public actor Box {
         for id in Array(prompts.prompts.keys) { closePrompt(id, .shuttingDown, now: now) }
         for id in Array(waiters.keys) { endWait(id, .shuttingDown) }
         outboxContinuation.finish()
+        workContinuation.finish()
         doorbell.signal()
     }
 

@@ -151,16 +151,7 @@ struct RadioSupervisor: Service {
     func run() async throws {
         let boxRadio: any BoxRadio
         do {
-            if let early { boxRadio = early } else {
-                let (box, logger) = (box, logger)
-                boxRadio = try await cancelWhenGracefulShutdown {
-                    try await radios.open(config, logger: logger, waiting: { why in
-                        logger.warning("waiting for Bluetooth: \(why)")
-                        SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
-                        Task { await box.radioChanged("waiting for Bluetooth: \(why)", attached: false) }
-                    })
-                }
-            }
+            if let early { boxRadio = early } else { boxRadio = try await openWaiting() }
         } catch is CancellationError { return }
         defer { boxRadio.shutdown() }
         let peripheral = try await boxRadio.peripheral(box.identity.boxID)
@@ -170,6 +161,34 @@ struct RadioSupervisor: Service {
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { try await radio.run() }
             group.addTask { try await presence.run() }
+        }
+    }
+
+    /// Opens the radio, telling the box (for `boxkeyd status`) what it waits for meanwhile.
+    /// The reasons reach the box in order and all before the radio is attached: a late
+    /// "waiting" must not mark an attached radio as missing (prompts would stop offering).
+    private func openWaiting() async throws -> any BoxRadio {
+        let (reasons, said) = AsyncStream.makeStream(of: String.self)
+        let logger = logger
+        return try await withThrowingTaskGroup(of: (any BoxRadio)?.self) { group in
+            group.addTask {
+                for await why in reasons { await box.radioChanged("waiting for Bluetooth: \(why)", attached: false) }
+                return nil
+            }
+            group.addTask {
+                defer { said.finish() }
+                return try await cancelWhenGracefulShutdown {
+                    try await radios.open(config, logger: logger, waiting: { why in
+                        logger.warning("waiting for Bluetooth: \(why)")
+                        SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
+                        said.yield(why)
+                    })
+                }
+            }
+            var opened: (any BoxRadio)?
+            for try await result in group { if let result { opened = result } }
+            guard let opened else { throw CancellationError() }
+            return opened
         }
     }
 }

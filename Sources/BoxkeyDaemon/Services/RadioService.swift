@@ -37,6 +37,7 @@ public struct RadioService: Service, CustomStringConvertible {
                 group.addTask { await performActions() }
                 group.addTask { try await rotateNonces() }
                 group.addTask { await runTimers() }
+                group.addTask { await runWork() }
             }
         } } catch is CancellationError {}
         await peripheral.stopAdvertising()
@@ -70,6 +71,14 @@ public struct RadioService: Service, CustomStringConvertible {
     private func disconnect(_ id: CentralID) {
         let peripheral = peripheral
         Task { await peripheral.disconnect(id) }
+    }
+
+    /// The box's queued work (`BoxWork`), each job beside the others: a lock waiting on logind
+    /// holds up no other phone's.
+    private func runWork() async {
+        await withDiscardingTaskGroup { group in
+            for await job in box.work { group.addTask { await box.run(job) } }
+        }
     }
 
     private func rotateNonces() async throws {
