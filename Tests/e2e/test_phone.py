@@ -52,7 +52,7 @@ def alive(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
             state = re.search(r"^State:\s+(\S)", f.read(), re.M).group(1)
-    except FileNotFoundError:
+    except OSError:  # gone before the open (ENOENT) or between open and read (ESRCH)
         return False
     return state not in ("Z", "X")
 
