@@ -102,6 +102,16 @@ struct BoxHarness {
         return (identity, air.central(DeviceAddress(String(format: "00:50:48:00:00:%02X", n))!, at: 1))
     }
 
+    /// An enrolled phone connected to the box, its push sent; returns the link.
+    func push(_ n: UInt8, user: String = "alice", password: String = "pw") async throws -> BoxLink {
+        let (identity, central) = await phone(n, enrolledFor: user)
+        let key = box.identity.keyPair.publicKey
+        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "test")))
+        return link
+    }
+
     /// A waiting prompt on a local console (tty), as getty's login asks once the name is typed.
     func prompt(tty: String = "tty1", service: String = "login", user: String = "alice", seconds: UInt32 = 10) async throws -> UInt64 {
         let (id, reply) = await box.registerPrompt(.init(service: service, tty: tty, display: "", expectedUser: user,

@@ -40,14 +40,7 @@ struct SocketHarness {
     func connect(_ path: String) async throws -> Client { try await onThread { Client(try DaemonSocketClient(path: path)) } }
 
     /// An enrolled phone's push to the box; returns its link.
-    func push(_ n: UInt8 = 0x41, user: String = "alice", password: String = "pw") async throws -> BoxLink {
-        let (identity, central) = await h.phone(n, enrolledFor: user)
-        let key = h.box.identity.keyPair.publicKey
-        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
-        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "test")))
-        return link
-    }
+    func push() async throws -> BoxLink { try await h.push(0x41) }
 }
 
 /// A connection of the blocking client; its calls run off the cooperative threads.

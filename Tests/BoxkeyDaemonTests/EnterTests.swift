@@ -8,14 +8,8 @@ import Testing
 /// A prompt is open while the program asks for the password; a phone's push waits there for
 /// Enter (`Box.take`), and nothing waits for a phone that is not coming.
 @Suite(.serialized) struct EnterTests {
-    /// An enrolled phone connected to the box, its push sent; returns the link.
     func push(_ h: BoxHarness, _ n: UInt8 = 0x31, user: String = "alice", password: String = "pw") async throws -> BoxLink {
-        let (identity, central) = await h.phone(n, enrolledFor: user)
-        let key = h.box.identity.keyPair.publicKey
-        let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
-        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
-        try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: password), deviceName: "test")))
-        return link
+        try await h.push(n, user: user, password: password)
     }
 
     @Test func aPushWaitsForEnterAndThePhoneHearsWhere() async throws {
