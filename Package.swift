@@ -81,7 +81,7 @@ let package = Package(
 
         // What the box and the phone both need from this host: private files written
         // durably, the console, the doctor's checks, and the name of the radio to use.
-        .target(name: "BoxkeyHost", dependencies: ["BoxkeyDBus"]),
+        .target(name: "BoxkeyHost", dependencies: ["BoxkeyDBus", "CBoxkeySys", .product(name: "NIOCore", package: "swift-nio")]),
 
         // The radio interface both transports implement (BlueZ, simulated).
         .target(name: "BoxkeyRadio", dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")]),
@@ -108,7 +108,6 @@ let package = Package(
             "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeyDBus", "BoxkeyPAMWire", "CDBus", "CBoxkeySys", "CBoxkeyLDAP", "CPAM", "CSystemd",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -158,7 +157,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",
-            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "pam_boxkey",
+            dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "pam_boxkey", "CBoxkeySys",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),

@@ -4,7 +4,16 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <spawn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 int boxkey_disable_core_dumps(void) {
     struct rlimit none = {0, 0};
@@ -32,3 +41,65 @@ int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from)
 const char *boxkey_secure_getenv(const char *name) {
     return secure_getenv(name);
 }
+
+static int signal_pipe_write = -1;
+
+static void signal_to_pipe(int signo) {
+    int saved = errno;
+    unsigned char byte = (unsigned char)signo;
+    if (write(signal_pipe_write, &byte, 1) < 0) { /* full: a repeat of a waiting signal */ }
+    errno = saved;
+}
+
+int boxkey_signal_pipe(const int *signals, int count) {
+    int fds[2];
+    if (signal_pipe_write >= 0) { errno = EBUSY; return -1; }
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    if (fcntl(fds[1], F_SETFL, O_NONBLOCK) != 0) { close(fds[0]); close(fds[1]); return -1; }
+    signal_pipe_write = fds[1];
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = signal_to_pipe;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < count; i++) {
+        if (sigaction(signals[i], &action, NULL) != 0) return -1;
+    }
+    return fds[0];
+}
+
+long boxkey_release_program_pages(void) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = 0;
+    FILE *maps = fopen("/proc/self/smaps", "re");
+    if (!maps) return -1;
+    char line[PATH_MAX + 128];
+    unsigned long start = 0, end = 0;
+    int candidate = 0;
+    long released = 0;
+    while (fgets(line, sizeof line, maps)) {
+        unsigned long s, e;
+        char perms[5];
+        int path_at = 0;
+        if (sscanf(line, "%lx-%lx %4s %*s %*s %*s %n", &s, &e, perms, &path_at) == 3) {
+            char *path = path_at > 0 ? line + path_at : "";
+            path[strcspn(path, "\n")] = 0;
+            /* Not writable, and this program's file (also " (deleted)" after an upgrade). */
+            candidate = perms[1] != 'w' && strncmp(path, exe, strlen(exe)) == 0 && strlen(exe) > 0;
+            start = s;
+            end = e;
+        } else if (candidate && strncmp(line, "Anonymous:", 10) == 0) {
+            if (strtol(line + 10, NULL, 10) == 0 && madvise((void *)start, end - start, MADV_DONTNEED) == 0)
+                released += (long)(end - start);
+            candidate = 0;
+        }
+    }
+    fclose(maps);
+    return released;
+}
+
+int boxkey_set_thread_name(const char *name) { return pthread_setname_np(pthread_self(), name); }
+
+int boxkey_thread_name(char *name, size_t size) { return pthread_getname_np(pthread_self(), name, size); }

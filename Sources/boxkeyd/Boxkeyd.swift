@@ -8,8 +8,15 @@ import FoundationEssentials
 import Glibc
 import Logging
 
-/// boxkeyd: the Boxkey box daemon.
+/// The program starts on executors that let an idle daemon sleep (QuietExecutors).
 @main
+enum Main {
+    static func main() {
+        QuietExecutors.run { await Boxkeyd.main() }
+    }
+}
+
+/// boxkeyd: the Boxkey box daemon.
 struct Boxkeyd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "boxkeyd",

@@ -7,7 +7,6 @@ import FoundationEssentials
 import Glibc
 import Logging
 import ServiceLifecycle
-import UnixSignals
 import NIOConcurrencyHelpers
 
 /// Assembles the daemon from its configuration: identity, phone registry, radio, logind, and
@@ -31,9 +30,12 @@ public enum Daemon {
                            reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
-        // Until the reload service listens, a SIGHUP (a `systemctl reload` while it waits for
-        // the adapter) must not end the daemon: its default action would.
-        signal(SIGHUP, SIG_IGN)
+        // From here SIGTERM, SIGINT and SIGHUP wait in a pipe until the signal service reads them:
+        // a `systemctl reload` while the daemon starts must not end it (SIGHUP's default action).
+        let signals: AsyncStream<Int32>
+        do { signals = try SignalPipe.install([SIGTERM, SIGINT, SIGHUP]) } catch {
+            throw StartError(description: "\(error)")
+        }
         // The box's own files first, before waiting for any radio: a state folder or file that
         // another account could have written stops the daemon at once (exit 78), saying which
         // and what to run; it is never believed, and never silently made private.
@@ -67,19 +69,18 @@ public enum Daemon {
         let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),
                       logger: logger, radioDescription: "waiting for the radio", radioAttached: false)
         let readiness = Readiness(parts: 2, logger: logger)
-        let reloader = ReloadService(box: box, load: reload ?? { config }, logger: logger)
+        let reloader = SignalService(box: box, signals: signals, load: reload ?? { config }, logger: logger)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
         let reloadNow: (@Sendable () async -> AdminReply)? = reload == nil ? nil : { @Sendable in await reloader.reloadNow() }
         // Root only, whatever [pam] allowed_uids lets onto the PAM socket.
         let admin = AdminSocket(box: box, path: config.adminSocket, logger: logger, readiness: readiness, reload: reloadNow)
         let radio = RadioSupervisor(box: box, config: config, radios: radios, logger: logger, readiness: readiness, early: early)
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader), .init(service: radio)]
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader, successTerminationBehavior: .gracefullyShutdownGroup), .init(service: radio)]
         if let fleet = config.fleet {
             services.append(.init(service: FleetService(box: box, settings: fleet, stateDirectory: config.stateDirectory, logger: logger)))
         }
         let group = ServiceGroup(configuration: .init(
             services: services,
-            gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         try await group.run()
         SystemdNotify.send("STOPPING=1")
@@ -193,10 +194,12 @@ struct RadioSupervisor: Service {
     }
 }
 
-/// SIGHUP (`systemctl reload boxkeyd`): re-reads the configuration file and applies what can
-/// change while running. A file that no longer parses changes nothing.
-struct ReloadService: Service {
+/// The daemon's signals. SIGHUP (`systemctl reload boxkeyd`) re-reads the configuration file and
+/// applies what can change while running; a file that no longer parses changes nothing. SIGTERM
+/// and SIGINT end this service, and so the daemon, gracefully.
+struct SignalService: Service {
     let box: Box
+    let signals: AsyncStream<Int32>
     let load: @Sendable () throws -> DaemonConfig
     let logger: Logger
 
@@ -209,7 +212,11 @@ struct ReloadService: Service {
             let (changed, _) = await box.reload(reloaded)
             if !changed.isEmpty { logger.notice("reloaded the configuration: it changed while the daemon started: \(changed.joined(separator: ", "))") }
         }
-        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
+        for await signal in signals.cancelOnGracefulShutdown() {
+            guard signal == SIGHUP else {
+                logger.notice("\(signal == SIGTERM ? "SIGTERM" : "SIGINT"): stopping")
+                return
+            }
             _ = await reloadNow()
         }
     }
@@ -252,7 +259,18 @@ public final class Readiness: Sendable {
     func ready(_ part: String) {
         let done = remaining.withLockedValue { n -> Bool in n -= 1; return n == 0 }
         logger.debug("\(part) ready")
-        if done { SystemdNotify.send("READY=1\nSTATUS=PAM and admin socket listening") }
+        if done {
+            SystemdNotify.send("READY=1\nSTATUS=PAM and admin socket listening")
+            settled()
+        }
+    }
+
+    /// Start-up is over (the sockets listen, or the radio advertises): the program's pages that
+    /// only start-up used go back (`boxkey_release_program_pages`); the RSS of an idle daemon is
+    /// then what it uses, not what the Swift runtime read once.
+    func settled() {
+        let released = boxkey_release_program_pages()
+        logger.debug("start-up over: handed back \(released / 1024) KiB of program mappings")
     }
 
     /// systemctl status's line: what the daemon does or waits for.

@@ -30,6 +30,7 @@ public struct RadioService: Service, CustomStringConvertible {
         let radio = await box.radioDescription
         readiness?.status("advertising box \(box.identity.boxID) on \(radio); PAM and admin socket listening")
         logger.info("advertising box \(box.identity.boxID) (key \(box.identity.fingerprint)) on \(radio)")
+        readiness?.settled()
         // Graceful shutdown cancels the work below; that is a normal end, not an error.
         do { try await cancelWhenGracefulShutdown {
             try await withThrowingDiscardingTaskGroup { group in

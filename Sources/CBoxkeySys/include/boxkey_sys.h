@@ -32,4 +32,21 @@ int boxkey_posix_spawn_close_from(posix_spawn_file_actions_t *actions, int from)
 /* secure_getenv (a GNU extension): NULL in a setuid or setgid process, so its caller's
    environment cannot steer it. */
 const char *boxkey_secure_getenv(const char *name);
+/* pthread_setname_np / pthread_getname_np for the calling thread (GNU extensions; names up to
+   15 bytes). Return 0 or an error number. */
+int boxkey_set_thread_name(const char *name);
+int boxkey_thread_name(char *name, size_t size);
+/* Signals as bytes on a pipe: each of `signals` gets a handler that writes its number (one byte)
+   to a pipe, whose read end is returned (or -1 with errno). The handler is async-signal-safe and
+   keeps errno; the write end is non-blocking, so a full pipe drops a repeat, never blocks. A
+   program that execs gets these signals' default actions back (handlers do not survive exec,
+   and no signal is blocked). Call once. */
+int boxkey_signal_pipe(const int *signals, int count);
+/* Hands back the pages of this program's own file that are mapped but never written (its code
+   and read-only data), as MADV_DONTNEED: whatever is used again is mapped again from the page
+   cache. Start-up touches much of a Swift program once (the runtime's conformance tables, with
+   the kernel's fault-around), and a daemon then uses little of it. Mappings holding any private
+   (written) page, such as relocated data, are left alone. Returns the size of the mappings
+   handed back, or -1. */
+long boxkey_release_program_pages(void);
 #endif

@@ -1,0 +1,101 @@
+@testable import BoxkeyHost
+import CBoxkeySys
+import Glibc
+import NIOConcurrencyHelpers
+import Testing
+
+/// boxkeyd's executors (QuietExecutors): the queue its threads wait on, and the pool running
+/// tasks. The program-wide install runs only in boxkeyd; e2e and the bench's idle figure (no
+/// wake-up over its window) cover that.
+struct QuietExecutorTests {
+    @Test func jobsDueLaterComeOutByDeadlineAfterTheReadyOnes() {
+        let queue = JobQueue<String>()
+        let start = monotonicNanoseconds()
+        queue.append("late", after: 40_000_000)
+        queue.append("soon", after: 10_000_000)
+        queue.append("now")
+        #expect(queue.next() == "now")
+        #expect(queue.next() == "soon")
+        #expect(monotonicNanoseconds() - start >= 10_000_000)
+        #expect(queue.next() == "late")
+        #expect(monotonicNanoseconds() - start >= 40_000_000)
+    }
+
+    @Test func aSoonerDeadlineWakesAThreadWaitingForALaterOne() {
+        let queue = JobQueue<String>()
+        queue.append("in a minute", after: 60_000_000_000)
+        let got = NIOLockedValueBox<String?>(nil)
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(Box(queue: queue, got: got)).toOpaque()
+        pthread_create(&thread, nil, { raw in
+            let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+            let job = box.queue.next()
+            box.got.withLockedValue { $0 = job }
+            return nil
+        }, context)
+        usleep(20_000)   // let the thread wait for the minute
+        let start = monotonicNanoseconds()
+        queue.append("in 5 ms", after: 5_000_000)
+        pthread_join(thread, nil)
+        #expect(got.withLockedValue { $0 } == "in 5 ms")
+        #expect(monotonicNanoseconds() - start < 5_000_000_000)
+    }
+
+    @Test func stopEndsAWaitingThread() {
+        let queue = JobQueue<Int>()
+        let got = NIOLockedValueBox<Int?>(0)
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(IntBox(queue: queue, got: got)).toOpaque()
+        pthread_create(&thread, nil, { raw in
+            let box = Unmanaged<IntBox>.fromOpaque(raw!).takeRetainedValue()
+            let job = box.queue.next()
+            box.got.withLockedValue { $0 = job }
+            return nil
+        }, context)
+        queue.stop()
+        pthread_join(thread, nil)
+        #expect(got.withLockedValue { $0 } == nil)
+    }
+
+    @Test func delaysInNanoseconds() {
+        #expect(nanoseconds(Duration.milliseconds(1500)) == 1_500_000_000)
+        #expect(nanoseconds(Duration.zero) == 0)
+        #expect(nanoseconds(Duration.seconds(-3)) == 0)
+        #expect(nanoseconds(Duration.seconds(Int64.max)) == UInt64.max)
+    }
+
+    @Test func thePoolRunsManyTasksOnItsThreads() async {
+        let pool = ThreadPoolExecutor(threads: 2)
+        defer { pool.stop() }
+        let threads = NIOLockedValueBox<Set<UInt>>([])
+        let names = NIOLockedValueBox<Set<String>>([])
+        let sum = await withTaskGroup(of: Int.self) { group in
+            for i in 1...2_000 {
+                group.addTask(executorPreference: pool) {
+                    threads.withLockedValue { _ = $0.insert(UInt(pthread_self())) }
+                    var name = [CChar](repeating: 0, count: 16)
+                    boxkey_thread_name(&name, name.count)
+                    names.withLockedValue { _ = $0.insert(String(cString: name)) }
+                    await Task.yield()
+                    return i
+                }
+            }
+            return await group.reduce(0, +)
+        }
+        #expect(sum == 2_000 * 2_001 / 2)
+        #expect(threads.withLockedValue { $0.count } <= 2)
+        #expect(names.withLockedValue { $0 } == [ThreadPoolExecutor.threadName])
+    }
+
+    final class Box: @unchecked Sendable {
+        let queue: JobQueue<String>
+        let got: NIOLockedValueBox<String?>
+        init(queue: JobQueue<String>, got: NIOLockedValueBox<String?>) { self.queue = queue; self.got = got }
+    }
+
+    final class IntBox: @unchecked Sendable {
+        let queue: JobQueue<Int>
+        let got: NIOLockedValueBox<Int?>
+        init(queue: JobQueue<Int>, got: NIOLockedValueBox<Int?>) { self.queue = queue; self.got = got }
+    }
+}
