@@ -11,8 +11,9 @@ import NIOCore
 /// wait with no timeout, and with only sleeps pending they wait until the first one is due. The
 /// main actor drains its jobs on the main thread the same way.
 ///
-/// The pool is as wide as libdispatch's (a thread per CPU, at least two), and, as there, code
-/// that blocks holds one of its threads.
+/// The pool has a thread per CPU (at least two). As libdispatch's, it grows while jobs wait
+/// behind threads that block in a system call (here without delay, there after a second), and
+/// the threads it added end as soon as nothing waits.
 ///
 /// `run` must be the program's first step (a synchronous `main`): executors cannot change once a
 /// task has started. Nothing else in the program may use Dispatch queues, or its pool and timer
@@ -33,61 +34,111 @@ public enum QuietExecutors {
     }
 }
 
-/// A queue of jobs and of jobs due later, guarded by one mutex; the threads that drain it wait
-/// on its condition variable (CLOCK_MONOTONIC, so a clock step does not move a deadline).
+/// A queue of jobs and of jobs due later, guarded by one mutex, and the count of threads that
+/// drain it. Threads with nothing to do wait on a condition variable with no timeout; one of
+/// them at a time waits for the soonest deadline instead, on a second one (CLOCK_MONOTONIC, so
+/// a clock step does not move a deadline), so a sleep wakes one thread, not all.
 final class JobQueue<Job>: @unchecked Sendable {
     private var mutex = pthread_mutex_t()
-    private var condition = pthread_cond_t()
+    private var idleCondition = pthread_cond_t()
+    private var timerCondition = pthread_cond_t()
     private var ready = CircularBuffer<Job>()
     /// Sorted by deadline (nanoseconds of CLOCK_MONOTONIC), the soonest last: a daemon has a
     /// few sleeps pending at a time, so a sorted array beats a heap.
     private var later: [(deadline: UInt64, job: Job)] = []
     private var stopped = false
+    /// Threads waiting with nothing to do (woken ones count until they run again).
+    private var idle = 0
+    /// Whether a thread waits for the soonest deadline.
+    private var timing = false
+    /// Threads draining the queue, and how many it may have: up to `maximumThreads`, a job
+    /// that finds more jobs queued than threads free to take them asks for one more (a thread
+    /// that blocks in a system call must not hold the rest back); past `minimumThreads`, a
+    /// thread that finds nothing to do ends.
+    private var threadCount = 0
+    let minimumThreads: Int
+    let maximumThreads: Int
 
-    init() {
+    init(minimumThreads: Int = 1, maximumThreads: Int = 1) {
+        self.minimumThreads = minimumThreads
+        self.maximumThreads = max(minimumThreads, maximumThreads)
         pthread_mutex_init(&mutex, nil)
         var attributes = pthread_condattr_t()
         pthread_condattr_init(&attributes)
         pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(&condition, &attributes)
+        pthread_cond_init(&idleCondition, &attributes)
+        pthread_cond_init(&timerCondition, &attributes)
         pthread_condattr_destroy(&attributes)
     }
 
-    func append(_ job: Job) {
+    var threads: Int {
         pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        return threadCount
+    }
+
+    /// Counts a thread that will call `next`; false when the queue has its maximum.
+    func addThread(always: Bool = false) -> Bool {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        guard always || threadCount < maximumThreads else { return false }
+        threadCount += 1
+        return true
+    }
+
+    /// Queues a job to run now; true when no thread is free for it and another may start
+    /// (the caller starts it after `addThread`).
+    @discardableResult
+    func append(_ job: Job) -> Bool {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
         ready.append(job)
-        pthread_cond_signal(&condition)
-        pthread_mutex_unlock(&mutex)
+        wakeOne()
+        return ready.count > idle + (timing ? 1 : 0) && threadCount < maximumThreads
     }
 
     func append(_ job: Job, after nanoseconds: UInt64) {
         let deadline = monotonicNanoseconds().addingReportingOverflow(nanoseconds)
         let entry = (deadline: deadline.overflow ? UInt64.max : deadline.partialValue, job: job)
         pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
         let index = later.firstIndex { $0.deadline <= entry.deadline } ?? later.endIndex
         later.insert(entry, at: index)
-        // A waiting thread may be sleeping until a later deadline than this one.
-        if index == later.endIndex - 1 { pthread_cond_signal(&condition) }
-        pthread_mutex_unlock(&mutex)
+        guard index == later.endIndex - 1 else { return }
+        // The new soonest deadline: the timing thread must wait less, or an idle one time it.
+        if timing { pthread_cond_signal(&timerCondition) } else if idle > 0 { pthread_cond_signal(&idleCondition) }
     }
 
-    /// The next job to run, waiting for one; nil once `stop` was called.
+    /// The next job to run, waiting for one; nil once `stop` was called, or when this thread is
+    /// past the minimum and there is nothing to do (it is no longer counted).
     func next() -> Job? {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
         while !stopped {
-            if let due = later.last, due.deadline <= monotonicNanoseconds() {
+            let now = monotonicNanoseconds()
+            if let due = later.last, due.deadline <= now {
                 later.removeLast()
-                // Others may be due too: another thread can take them meanwhile.
-                if !later.isEmpty { pthread_cond_signal(&condition) }
+                if !ready.isEmpty || !later.isEmpty { wakeOne() }
                 return due.job
             }
-            if let job = ready.popFirst() { return job }
-            if let soonest = later.last?.deadline {
-                var until = timespec(tv_sec: Int(soonest / 1_000_000_000), tv_nsec: Int(soonest % 1_000_000_000))
-                pthread_cond_timedwait(&condition, &mutex, &until)
+            if let job = ready.popFirst() {
+                if !ready.isEmpty || (!later.isEmpty && !timing) { wakeOne() }
+                return job
+            }
+            // A thread beyond the minimum ends when it finds nothing to do: it never waits,
+            // so ending costs no wake-up later.
+            if threadCount > minimumThreads {
+                threadCount -= 1
+                return nil
+            }
+            if let soonest = later.last?.deadline, !timing {
+                timing = true
+                wait(&timerCondition, until: soonest)
+                timing = false
             } else {
-                pthread_cond_wait(&condition, &mutex)
+                idle += 1
+                pthread_cond_wait(&idleCondition, &mutex)
+                idle -= 1
             }
         }
         return nil
@@ -96,13 +147,25 @@ final class JobQueue<Job>: @unchecked Sendable {
     func stop() {
         pthread_mutex_lock(&mutex)
         stopped = true
-        pthread_cond_broadcast(&condition)
+        pthread_cond_broadcast(&idleCondition)
+        pthread_cond_broadcast(&timerCondition)
         pthread_mutex_unlock(&mutex)
+    }
+
+    /// Wakes one waiting thread, an idle one first. Called with the mutex held.
+    private func wakeOne() {
+        if idle > 0 { pthread_cond_signal(&idleCondition) } else if timing { pthread_cond_signal(&timerCondition) }
+    }
+
+    private func wait(_ condition: inout pthread_cond_t, until deadline: UInt64) {
+        var until = timespec(tv_sec: time_t(clamping: deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        pthread_cond_timedwait(&condition, &mutex, &until)
     }
 }
 
 /// Nanoseconds in a delay; only `Duration` delays reach an executor (the standard clocks'
-/// sleeps: a clock of one's own sleeps by itself).
+/// sleeps: a clock of one's own sleeps by itself). The delay runs on CLOCK_MONOTONIC for both
+/// ContinuousClock and SuspendingClock: a box that suspends meanwhile wakes that much later.
 func nanoseconds<D: DurationProtocol>(_ delay: D) -> UInt64 {
     guard let delay = delay as? Duration else { preconditionFailure("a delay that is not a Duration: \(D.self)") }
     let (seconds, attoseconds) = delay.components
@@ -117,27 +180,33 @@ func monotonicNanoseconds() -> UInt64 {
     return UInt64(t.tv_sec) * 1_000_000_000 + UInt64(t.tv_nsec)
 }
 
-/// The default executor: a fixed pool of threads; each holds the pool until `stop`.
+/// The default executor: a pool of threads, one per CPU (at least two), and up to four times
+/// that while jobs wait behind busy or blocked threads.
 final class ThreadPoolExecutor: TaskExecutor, SchedulingExecutor, @unchecked Sendable {
     static let shared = ThreadPoolExecutor(threads: max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     static let threadName = "swift-tasks"
-    let queue = JobQueue<UnownedJob>()
+    let queue: JobQueue<UnownedJob>
 
     init(threads: Int) {
-        for _ in 0..<threads {
-            var thread = pthread_t()
-            let rc = pthread_create(&thread, nil, { raw in
-                let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
-                boxkey_set_thread_name(ThreadPoolExecutor.threadName)
-                while let job = pool.queue.next() { job.runSynchronously(on: pool.asUnownedTaskExecutor()) }
-                return nil
-            }, Unmanaged.passRetained(self).toOpaque())
-            precondition(rc == 0, "cannot start the task threads: error \(rc)")
-            pthread_detach(thread)
-        }
+        queue = JobQueue(minimumThreads: threads, maximumThreads: threads * 4)
+        for _ in 0..<threads where queue.addThread(always: true) { startThread() }
     }
 
-    func enqueue(_ job: consuming ExecutorJob) { queue.append(UnownedJob(job)) }
+    private func startThread() {
+        var thread = pthread_t()
+        let rc = pthread_create(&thread, nil, { raw in
+            let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
+            boxkey_set_thread_name(ThreadPoolExecutor.threadName)
+            while let job = pool.queue.next() { job.runSynchronously(on: pool.asUnownedTaskExecutor()) }
+            return nil
+        }, Unmanaged.passRetained(self).toOpaque())
+        precondition(rc == 0, "cannot start a task thread: error \(rc)")
+        pthread_detach(thread)
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        if queue.append(UnownedJob(job)), queue.addThread() { startThread() }
+    }
 
     func enqueue<C: Clock>(_ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C) {
         queue.append(UnownedJob(job), after: nanoseconds(delay))
@@ -160,6 +229,7 @@ final class MainThreadExecutor: MainExecutor, SchedulingExecutor, @unchecked Sen
     }
 
     func run() {
+        _ = queue.addThread(always: true)
         while let job = queue.next() { job.runSynchronously(on: asUnownedSerialExecutor()) }
     }
 

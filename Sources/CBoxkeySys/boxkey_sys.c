@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <spawn.h>
 #include <errno.h>
+#include <link.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -51,21 +52,41 @@ static void signal_to_pipe(int signo) {
     errno = saved;
 }
 
-int boxkey_signal_pipe(const int *signals, int count) {
+int boxkey_signal_pipe(void) {
+    static int read_end = -1;
+    if (read_end >= 0) { errno = EBUSY; return -1; }
     int fds[2];
-    if (signal_pipe_write >= 0) { errno = EBUSY; return -1; }
     if (pipe2(fds, O_CLOEXEC) != 0) return -1;
     if (fcntl(fds[1], F_SETFL, O_NONBLOCK) != 0) { close(fds[0]); close(fds[1]); return -1; }
     signal_pipe_write = fds[1];
+    read_end = fds[0];
+    return read_end;
+}
+
+int boxkey_catch_signal(int signo) {
+    if (signal_pipe_write < 0) { errno = EBADF; return -1; }
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = signal_to_pipe;
     action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
-    for (int i = 0; i < count; i++) {
-        if (sigaction(signals[i], &action, NULL) != 0) return -1;
+    return sigaction(signo, &action, NULL);
+}
+
+/* The program's PT_GNU_RELRO range: data the loader relocated, then made read-only. */
+struct relro { unsigned long start, end; };
+
+static int find_relro(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct relro *r = data;
+    if (info->dlpi_name && info->dlpi_name[0]) return 0; /* the first entry is the program */
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        if (info->dlpi_phdr[i].p_type == PT_GNU_RELRO) {
+            r->start = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+            r->end = r->start + info->dlpi_phdr[i].p_memsz;
+        }
     }
-    return fds[0];
+    return 1;
 }
 
 long boxkey_release_program_pages(void) {
@@ -73,27 +94,46 @@ long boxkey_release_program_pages(void) {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return -1;
     exe[n] = 0;
+    /* After an upgrade replaced the file, both read "PATH (deleted)". */
+    size_t exe_len = strlen(exe);
+    const char *deleted = " (deleted)";
+    if (exe_len > strlen(deleted) && strcmp(exe + exe_len - strlen(deleted), deleted) == 0) exe_len -= strlen(deleted);
+    struct relro relro = {0, 0};
+    dl_iterate_phdr(find_relro, &relro);
     FILE *maps = fopen("/proc/self/smaps", "re");
     if (!maps) return -1;
     char line[PATH_MAX + 128];
     unsigned long start = 0, end = 0;
-    int candidate = 0;
+    int candidate = 0, written = 0;
     long released = 0;
     while (fgets(line, sizeof line, maps)) {
+        size_t len = strlen(line);
+        int whole = len > 0 && line[len - 1] == '\n';
         unsigned long s, e;
         char perms[5];
         int path_at = 0;
         if (sscanf(line, "%lx-%lx %4s %*s %*s %*s %n", &s, &e, perms, &path_at) == 3) {
-            char *path = path_at > 0 ? line + path_at : "";
+            char *path = path_at > 0 ? line + path_at : line + len;
             path[strcspn(path, "\n")] = 0;
-            /* Not writable, and this program's file (also " (deleted)" after an upgrade). */
-            candidate = perms[1] != 'w' && strncmp(path, exe, strlen(exe)) == 0 && strlen(exe) > 0;
+            int ours = strncmp(path, exe, exe_len) == 0 && (path[exe_len] == 0 || strcmp(path + exe_len, deleted) == 0);
+            /* Not writable, this program's file, and no part of the relocated data. */
+            candidate = whole && exe_len > 0 && ours && perms[1] != 'w' && (e <= relro.start || s >= relro.end);
+            written = 0;
             start = s;
             end = e;
-        } else if (candidate && strncmp(line, "Anonymous:", 10) == 0) {
-            if (strtol(line + 10, NULL, 10) == 0 && madvise((void *)start, end - start, MADV_DONTNEED) == 0)
+        } else if (strncmp(line, "Anonymous:", 10) == 0 || strncmp(line, "Swap:", 5) == 0) {
+            /* A private page, in memory or swapped out: this mapping holds written data. */
+            if (strtol(strchr(line, ':') + 1, NULL, 10) != 0) written = 1;
+        } else if (strncmp(line, "VmFlags:", 8) == 0) {
+            /* The last line of a mapping's entry: decide. */
+            if (candidate && !written && madvise((void *)start, end - start, MADV_DONTNEED) == 0)
                 released += (long)(end - start);
             candidate = 0;
+        }
+        /* A line longer than the buffer: skip the rest of it. */
+        while (!whole && fgets(line, sizeof line, maps)) {
+            len = strlen(line);
+            whole = len > 0 && line[len - 1] == '\n';
         }
     }
     fclose(maps);

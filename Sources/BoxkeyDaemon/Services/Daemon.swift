@@ -30,10 +30,13 @@ public enum Daemon {
                            reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // Nothing of this process may end up in a core file: it holds keys and passwords.
         hardenProcess()
-        // From here SIGTERM, SIGINT and SIGHUP wait in a pipe until the signal service reads them:
-        // a `systemctl reload` while the daemon starts must not end it (SIGHUP's default action).
-        let signals: AsyncStream<Int32>
-        do { signals = try SignalPipe.install([SIGTERM, SIGINT, SIGHUP]) } catch {
+        // From here a SIGHUP waits in a pipe until the signal service reads it: a `systemctl
+        // reload` while the daemon starts must not end it (SIGHUP's default action would).
+        let signals: AsyncStream<SignalPipe.Caught>
+        do {
+            signals = try SignalPipe.open()
+            try SignalPipe.catchSignals([SIGHUP])
+        } catch {
             throw StartError(description: "\(error)")
         }
         // The box's own files first, before waiting for any radio: a state folder or file that
@@ -69,7 +72,7 @@ public enum Daemon {
         let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),
                       logger: logger, radioDescription: "waiting for the radio", radioAttached: false)
         let readiness = Readiness(parts: 2, logger: logger)
-        let reloader = SignalService(box: box, signals: signals, load: reload ?? { config }, logger: logger)
+        let reloader = SignalService(box: box, signals: signals, load: reload ?? { config }, logger: logger, readiness: readiness)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
         let reloadNow: (@Sendable () async -> AdminReply)? = reload == nil ? nil : { @Sendable in await reloader.reloadNow() }
         // Root only, whatever [pam] allowed_uids lets onto the PAM socket.
@@ -82,6 +85,9 @@ public enum Daemon {
         let group = ServiceGroup(configuration: .init(
             services: services,
             logger: logger))
+        // SIGTERM and SIGINT stop the service group gracefully from here; before, they end
+        // the daemon at once, as they did when the service group caught them itself.
+        do { try SignalPipe.catchSignals([SIGTERM, SIGINT]) } catch { throw StartError(description: "\(error)") }
         try await group.run()
         SystemdNotify.send("STOPPING=1")
         await box.shutdown()
@@ -199,13 +205,18 @@ struct RadioSupervisor: Service {
 /// and SIGINT end this service, and so the daemon, gracefully.
 struct SignalService: Service {
     let box: Box
-    let signals: AsyncStream<Int32>
+    let signals: AsyncStream<SignalPipe.Caught>
     let load: @Sendable () throws -> DaemonConfig
     let logger: Logger
+    /// Tells systemd about reloads once the daemon said it is ready (a reload's READY=1 before
+    /// that would tell it the start-up is done).
+    let readiness: Readiness?
 
     func run() async throws {
-        // A SIGHUP while the daemon waited for Bluetooth was ignored: read the file once now,
-        // and say so only if that changed something.
+        // A SIGHUP while the daemon started (it may have waited for Bluetooth) is answered by
+        // reading the file once now, said only if that changed something; the SIGHUPs that
+        // came before this read are not read again.
+        let readAt = SignalPipe.now()
         if let reloaded = try? load() {
             let before = await box.config
             logger.debug("start-up re-read: running \(before.phoneLoginServices.sorted()) file \(reloaded.phoneLoginServices.sorted())")
@@ -213,21 +224,24 @@ struct SignalService: Service {
             if !changed.isEmpty { logger.notice("reloaded the configuration: it changed while the daemon started: \(changed.joined(separator: ", "))") }
         }
         for await signal in signals.cancelOnGracefulShutdown() {
-            guard signal == SIGHUP else {
-                logger.notice("\(signal == SIGTERM ? "SIGTERM" : "SIGINT"): stopping")
+            guard signal.number == SIGHUP else {
+                logger.notice("\(signal.number == SIGTERM ? "SIGTERM" : "SIGINT"): stopping")
                 return
             }
-            _ = await reloadNow()
+            if signal.at > readAt { _ = await reloadNow() }
         }
     }
 
     /// Re-reads the file and applies it; the outcome is logged, kept for `boxkeyd status`, and
     /// answered (`boxkeyd reload`, systemd's ExecReload, waits for it and fails when it failed).
     func reloadNow() async -> AdminReply {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
-        defer { SystemdNotify.send("READY=1") }
+        let tellSystemd = readiness?.isReady ?? true
+        if tellSystemd {
+            var now = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            SystemdNotify.send("RELOADING=1\nMONOTONIC_USEC=\(Int(now.tv_sec) * 1_000_000 + now.tv_nsec / 1000)")
+        }
+        defer { if tellSystemd { SystemdNotify.send("READY=1") } }
         do {
             let (changed, needRestart) = await box.reload(try load())
             var text = "reloaded the configuration: \(changed.isEmpty ? "nothing to change" : "changed " + changed.joined(separator: ", "))"
@@ -255,6 +269,9 @@ public final class Readiness: Sendable {
         remaining = NIOLockedValueBox(parts)
         self.logger = logger
     }
+
+    /// Whether every part said it is ready (READY=1 went to systemd).
+    var isReady: Bool { remaining.withLockedValue { $0 <= 0 } }
 
     func ready(_ part: String) {
         let done = remaining.withLockedValue { n -> Bool in n -= 1; return n == 0 }

@@ -36,17 +36,18 @@ const char *boxkey_secure_getenv(const char *name);
    15 bytes). Return 0 or an error number. */
 int boxkey_set_thread_name(const char *name);
 int boxkey_thread_name(char *name, size_t size);
-/* Signals as bytes on a pipe: each of `signals` gets a handler that writes its number (one byte)
-   to a pipe, whose read end is returned (or -1 with errno). The handler is async-signal-safe and
-   keeps errno; the write end is non-blocking, so a full pipe drops a repeat, never blocks. A
-   program that execs gets these signals' default actions back (handlers do not survive exec,
-   and no signal is blocked). Call once. */
-int boxkey_signal_pipe(const int *signals, int count);
+/* Signals as bytes on a pipe. boxkey_signal_pipe makes the pipe (once) and returns its read end,
+   or -1 with errno; boxkey_catch_signal then gives a signal a handler that writes its number
+   (one byte) to the pipe. The handler is async-signal-safe and keeps errno; the write end is
+   non-blocking, so a full pipe drops a repeat, never blocks. A program that execs gets these
+   signals' default actions back (handlers do not survive exec, and no signal is blocked). */
+int boxkey_signal_pipe(void);
+int boxkey_catch_signal(int signo);
 /* Hands back the pages of this program's own file that are mapped but never written (its code
    and read-only data), as MADV_DONTNEED: whatever is used again is mapped again from the page
    cache. Start-up touches much of a Swift program once (the runtime's conformance tables, with
-   the kernel's fault-around), and a daemon then uses little of it. Mappings holding any private
-   (written) page, such as relocated data, are left alone. Returns the size of the mappings
-   handed back, or -1. */
+   the kernel's fault-around), and a daemon then uses little of it. Left alone: a mapping with
+   any private page (written, in memory or swapped out) and any part of the relocated data
+   (PT_GNU_RELRO). Returns the size of the mappings handed back, or -1. */
 long boxkey_release_program_pages(void);
 #endif
