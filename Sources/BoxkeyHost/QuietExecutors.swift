@@ -12,8 +12,8 @@ import NIOCore
 /// main actor drains its jobs on the main thread the same way.
 ///
 /// The pool has a thread per CPU (at least two). As libdispatch's, it grows while jobs wait
-/// behind threads that block in a system call (here without delay, there after a second), and
-/// the threads it added end as soon as nothing waits.
+/// behind threads that block in a system call (here after 100 ms without progress, there after
+/// a second), and the threads it added end after a second with nothing to do.
 ///
 /// `run` must be the program's first step (a synchronous `main`): executors cannot change once a
 /// task has started. Nothing else in the program may use Dispatch queues, or its pool and timer
@@ -42,6 +42,7 @@ final class JobQueue<Job>: @unchecked Sendable {
     private var mutex = pthread_mutex_t()
     private var idleCondition = pthread_cond_t()
     private var timerCondition = pthread_cond_t()
+    private var monitorCondition = pthread_cond_t()
     private var ready = CircularBuffer<Job>()
     /// Sorted by deadline (nanoseconds of CLOCK_MONOTONIC), the soonest last: a daemon has a
     /// few sleeps pending at a time, so a sorted array beats a heap.
@@ -51,13 +52,19 @@ final class JobQueue<Job>: @unchecked Sendable {
     private var idle = 0
     /// Whether a thread waits for the soonest deadline.
     private var timing = false
-    /// Threads draining the queue, and how many it may have: up to `maximumThreads`, a job
-    /// that finds more jobs queued than threads free to take them asks for one more (a thread
+    /// Threads draining the queue, and how many it may have: up to `maximumThreads`, one more
+    /// when jobs waited `stallCheck` while every thread was busy and none was taken (a thread
     /// that blocks in a system call must not hold the rest back); past `minimumThreads`, a
-    /// thread that finds nothing to do ends.
+    /// thread that had nothing to do for `retireAfter` ends.
     private var threadCount = 0
     let minimumThreads: Int
     let maximumThreads: Int
+    let retireAfter: UInt64 = 1_000_000_000
+    let stallCheck: UInt64 = 100_000_000
+    /// Jobs handed out so far: progress, as the stall check sees it.
+    private var taken: UInt64 = 0
+    /// Jobs wait and no thread is free to take them.
+    private var saturated: Bool { !ready.isEmpty && idle == 0 && !timing }
 
     init(minimumThreads: Int = 1, maximumThreads: Int = 1) {
         self.minimumThreads = minimumThreads
@@ -68,6 +75,7 @@ final class JobQueue<Job>: @unchecked Sendable {
         pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
         pthread_cond_init(&idleCondition, &attributes)
         pthread_cond_init(&timerCondition, &attributes)
+        pthread_cond_init(&monitorCondition, &attributes)
         pthread_condattr_destroy(&attributes)
     }
 
@@ -86,15 +94,36 @@ final class JobQueue<Job>: @unchecked Sendable {
         return true
     }
 
-    /// Queues a job to run now; true when no thread is free for it and another may start
-    /// (the caller starts it after `addThread`).
-    @discardableResult
-    func append(_ job: Job) -> Bool {
+    /// Queues a job to run now.
+    func append(_ job: Job) {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
         ready.append(job)
         wakeOne()
-        return ready.count > idle + (timing ? 1 : 0) && threadCount < maximumThreads
+        if saturated, threadCount < maximumThreads { pthread_cond_signal(&monitorCondition) }
+    }
+
+    /// For the one thread that watches the others (`ThreadPoolExecutor`): returns true when
+    /// jobs waited `stallCheck` while every thread was busy and none was taken, with the new
+    /// thread already counted, which the caller then starts; false once stopped. While the
+    /// threads keep up it waits with no timeout, so an idle pool has no timer.
+    func waitForStall() -> Bool {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        while !stopped {
+            guard saturated, threadCount < maximumThreads else {
+                pthread_cond_wait(&monitorCondition, &mutex)
+                continue
+            }
+            let before = taken
+            let deadline = monotonicNanoseconds() + stallCheck
+            while !stopped, monotonicNanoseconds() < deadline { wait(&monitorCondition, until: deadline) }
+            if saturated, taken == before, threadCount < maximumThreads {
+                threadCount += 1
+                return true
+            }
+        }
+        return false
     }
 
     func append(_ job: Job, after nanoseconds: UInt64) {
@@ -110,34 +139,38 @@ final class JobQueue<Job>: @unchecked Sendable {
     }
 
     /// The next job to run, waiting for one; nil once `stop` was called, or when this thread is
-    /// past the minimum and there is nothing to do (it is no longer counted).
+    /// past the minimum and had nothing to do for `retireAfter` (it is no longer counted).
     func next() -> Job? {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
+        let idleSince = monotonicNanoseconds()
         while !stopped {
             let now = monotonicNanoseconds()
             if let due = later.last, due.deadline <= now {
                 later.removeLast()
                 if !ready.isEmpty || !later.isEmpty { wakeOne() }
+                taken &+= 1
                 return due.job
             }
             if let job = ready.popFirst() {
                 if !ready.isEmpty || (!later.isEmpty && !timing) { wakeOne() }
+                taken &+= 1
                 return job
             }
-            // A thread beyond the minimum ends when it finds nothing to do: it never waits,
-            // so ending costs no wake-up later.
-            if threadCount > minimumThreads {
+            // A thread beyond the minimum ends once it found nothing to do for `retireAfter`
+            // (at once, it would be started again for each job of a steady stream).
+            let extra = threadCount > minimumThreads
+            if extra, now >= idleSince + retireAfter {
                 threadCount -= 1
                 return nil
             }
             if let soonest = later.last?.deadline, !timing {
                 timing = true
-                wait(&timerCondition, until: soonest)
+                wait(&timerCondition, until: extra ? min(soonest, idleSince + retireAfter) : soonest)
                 timing = false
             } else {
                 idle += 1
-                pthread_cond_wait(&idleCondition, &mutex)
+                if extra { wait(&idleCondition, until: idleSince + retireAfter) } else { pthread_cond_wait(&idleCondition, &mutex) }
                 idle -= 1
             }
         }
@@ -149,6 +182,7 @@ final class JobQueue<Job>: @unchecked Sendable {
         stopped = true
         pthread_cond_broadcast(&idleCondition)
         pthread_cond_broadcast(&timerCondition)
+        pthread_cond_broadcast(&monitorCondition)
         pthread_mutex_unlock(&mutex)
     }
 
@@ -174,6 +208,17 @@ func nanoseconds<D: DurationProtocol>(_ delay: D) -> UInt64 {
     return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
 }
 
+/// Runs a job as the standard global executor does (`swift_job_run` with the generic executor):
+/// a task that then calls an actor that is free switches to it on this thread, where running it
+/// "on" this executor would queue a job for every such hop.
+@_silgen_name("swift_job_run")
+private func swiftJobRun(_ job: UnownedJob, _ executor: UnownedSerialExecutor)
+
+private func runOnGenericExecutor(_ job: UnownedJob) {
+    // The generic executor's reference is all zeros (SerialExecutorRef::generic()).
+    swiftJobRun(job, unsafeBitCast((0, 0) as (Int, Int), to: UnownedSerialExecutor.self))
+}
+
 func monotonicNanoseconds() -> UInt64 {
     var t = timespec()
     clock_gettime(CLOCK_MONOTONIC, &t)
@@ -181,7 +226,7 @@ func monotonicNanoseconds() -> UInt64 {
 }
 
 /// The default executor: a pool of threads, one per CPU (at least two), and up to four times
-/// that while jobs wait behind busy or blocked threads.
+/// that while jobs wait behind threads that block.
 final class ThreadPoolExecutor: TaskExecutor, SchedulingExecutor, @unchecked Sendable {
     static let shared = ThreadPoolExecutor(threads: max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     static let threadName = "swift-tasks"
@@ -190,6 +235,16 @@ final class ThreadPoolExecutor: TaskExecutor, SchedulingExecutor, @unchecked Sen
     init(threads: Int) {
         queue = JobQueue(minimumThreads: threads, maximumThreads: threads * 4)
         for _ in 0..<threads where queue.addThread(always: true) { startThread() }
+        // The watcher: a thread more while jobs wait behind threads that make no progress.
+        var watcher = pthread_t()
+        let rc = pthread_create(&watcher, nil, { raw in
+            let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
+            boxkey_set_thread_name("swift-tasks-mon")
+            while pool.queue.waitForStall() { pool.startThread() }
+            return nil
+        }, Unmanaged.passRetained(self).toOpaque())
+        precondition(rc == 0, "cannot start the task threads' watcher: error \(rc)")
+        pthread_detach(watcher)
     }
 
     private func startThread() {
@@ -197,16 +252,14 @@ final class ThreadPoolExecutor: TaskExecutor, SchedulingExecutor, @unchecked Sen
         let rc = pthread_create(&thread, nil, { raw in
             let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
             boxkey_set_thread_name(ThreadPoolExecutor.threadName)
-            while let job = pool.queue.next() { job.runSynchronously(on: pool.asUnownedTaskExecutor()) }
+            while let job = pool.queue.next() { runOnGenericExecutor(job) }
             return nil
         }, Unmanaged.passRetained(self).toOpaque())
         precondition(rc == 0, "cannot start a task thread: error \(rc)")
         pthread_detach(thread)
     }
 
-    func enqueue(_ job: consuming ExecutorJob) {
-        if queue.append(UnownedJob(job)), queue.addThread() { startThread() }
-    }
+    func enqueue(_ job: consuming ExecutorJob) { queue.append(UnownedJob(job)) }
 
     func enqueue<C: Clock>(_ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C) {
         queue.append(UnownedJob(job), after: nanoseconds(delay))

@@ -81,8 +81,8 @@ struct QuietExecutorTests {
             return await group.reduce(0, +)
         }
         #expect(sum == 2_000 * 2_001 / 2)
-        // The threads beyond the two end once nothing waits.
-        for _ in 0..<100 where pool.queue.threads > 2 { usleep(1_000) }
+        // The threads beyond the two end a second after nothing waits.
+        for _ in 0..<40 where pool.queue.threads > 2 { usleep(50_000) }
         #expect(pool.queue.threads == 2)
         #expect(names.withLockedValue { $0 } == [ThreadPoolExecutor.threadName])
     }
@@ -91,12 +91,12 @@ struct QuietExecutorTests {
         let pool = ThreadPoolExecutor(threads: 2)
         defer { pool.stop() }
         // Both threads blocked in a system call (a slow NSS lookup, an HCI read): libdispatch
-        // adds a thread after a second; this pool at once.
-        let blockers = (0..<2).map { _ in Task(executorPreference: pool) { usleep(400_000) } }
+        // adds a thread after a second, this pool after 100 ms without progress.
+        let blockers = (0..<2).map { _ in Task(executorPreference: pool) { usleep(800_000) } }
         usleep(50_000)
         let start = monotonicNanoseconds()
         let ran = await Task(executorPreference: pool) { monotonicNanoseconds() }.value
-        #expect(ran - start < 200_000_000)
+        #expect(ran - start < 400_000_000)
         for blocker in blockers { await blocker.value }
     }
 

@@ -165,11 +165,13 @@ struct FleetService: Service {
         let follower = FleetFollower(directory: directory)
         defer { follower.close() }
         let settings = directory.settings
-        // Each call waits on the thread; a graceful shutdown wakes it (`interrupt`).
+        // Each call waits on the thread; a graceful shutdown or a cancellation wakes it
+        // (`interrupt`, which also fails every later call). Handlers, not a task group per
+        // call: a stream of changes makes thousands of calls.
         func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-            try await cancelWhenGracefulShutdown {
+            try await withGracefulShutdownHandler {
                 try await withTaskCancellationHandler { try await pool.runIfActive(body) } onCancel: { follower.interrupt() }
-            }
+            } onGracefulShutdown: { follower.interrupt() }
         }
         // `searched`: as FleetMirror.searched gives (nil: every name followed).
         func lookUp(_ searched: Set<String>?, in mirror: inout FleetMirror) async throws -> Int {
