@@ -272,11 +272,13 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         return p
     }
 
-    private func call(_ characteristic: String, _ member: String, _ arguments: [DBusValue]) async throws -> [DBusValue] {
-        guard !state.withLockedValue({ $0.ended }) else { throw RadioError.notConnected }
-        let p = try characteristicPath(characteristic)
+    private func call(_ characteristic: String, _ member: String, _ arguments: [DBusValue],
+                      sent: (@Sendable () -> Void)? = nil) async throws -> [DBusValue] {
+        guard !state.withLockedValue({ $0.ended }) else { sent?(); throw RadioError.notConnected }
+        let p: String
+        do { p = try characteristicPath(characteristic) } catch { sent?(); throw error }
         do {
-            return try await central.bus.call(BlueZ.service, p, BlueZ.gattCharacteristic, member, arguments, timeout: .seconds(10))
+            return try await central.bus.call(BlueZ.service, p, BlueZ.gattCharacteristic, member, arguments, timeout: .seconds(10), sent: sent)
         } catch {
             throw BlueZ.radioError(error)
         }
@@ -299,6 +301,27 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         let p = try characteristicPath(characteristic)
         state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
         _ = try await call(characteristic, "StartNotify", [])
+    }
+
+    /// StartNotify, then the WriteValue commands without waiting for its reply. bluetoothd
+    /// reads one client's calls in order and its ATT queue sends the CCCD's Write Request
+    /// before the commands queued after it, so the box sees the subscription first.
+    func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
+        let limit = await mtu - 3
+        if let long = commands.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
+        let p = try characteristicPath(characteristic)
+        state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
+        let (handedOver, signal) = AsyncStream.makeStream(of: Void.self)
+        async let subscription = call(characteristic, "StartNotify", [], sent: { signal.finish() })
+        for await _ in handedOver {}
+        var failure: (any Error)?
+        do {
+            for value in commands {
+                _ = try await call(target, "WriteValue", [.bytes(value), .vardict(["type": .string("command")])])
+            }
+        } catch { failure = error }
+        _ = try await subscription
+        if let failure { throw failure }
     }
 
     func unsubscribe(_ characteristic: String) async throws {

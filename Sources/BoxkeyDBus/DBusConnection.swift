@@ -134,13 +134,17 @@ public final class DBusConnection: @unchecked Sendable {
 
     /// Calls a method and returns its reply's arguments, or throws the error reply. A call
     /// without an answer within `timeout` throws `org.freedesktop.DBus.Error.NoReply`.
+    /// `sent` runs once the call is handed to the bus (or failed to be): calls made after that
+    /// reach the peer after it, as the bus keeps one connection's messages in order.
     public func call(_ destination: String, _ path: String, _ interface: String, _ member: String,
-                     _ arguments: [DBusValue] = [], timeout: Duration = .seconds(25)) async throws -> [DBusValue] {
+                     _ arguments: [DBusValue] = [], timeout: Duration = .seconds(25),
+                     sent: (@Sendable () -> Void)? = nil) async throws -> [DBusValue] {
         let (seconds, attoseconds) = timeout.components
         let deadline = Self.now() + UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
         let slot = ReplySlot()
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             enqueue { [self] connection in
+                defer { sent?() }
                 guard let message = dbus_message_new_method_call(destination, path, interface, member) else {
                     continuation.resume(throwing: BusError(BusError.invalidArgsName, "bad destination, path, interface or member: \(destination) \(path) \(interface).\(member)"))
                     return

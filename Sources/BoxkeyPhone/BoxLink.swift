@@ -96,15 +96,6 @@ public actor BoxLink {
     /// when that fails.
     private static func handshake(on link: any CentralLink, box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity,
                                   pairingCode: PairingCode?, timeout: Duration) async throws -> BoxLink {
-        // Notifications are on before the first write. Sending both together would save a round
-        // trip, but over BlueZ the two D-Bus calls are not ordered, and an answer that beats
-        // the phone's own subscription is lost.
-        do {
-            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
-        } catch {
-            await link.disconnect()
-            throw Failure.radio("\(error)")
-        }
         let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement,
                                                                       pairingCode: pairingCode),
                               mtu: await link.mtu)
@@ -151,10 +142,20 @@ public actor BoxLink {
 
     deinit { reader.cancel() }
 
+    /// Enables the box's notifications and sends the handshake's first message right behind the
+    /// subscription, in that order on the air and without waiting for its response (a round
+    /// trip less). The message goes as Write Commands only: the box's answer says it arrived,
+    /// and ATT would hold a Write Request until the subscription's response.
     private func start() async throws {
         let first: [UInt8]
         do { first = try connection.start() } catch { throw Failure.protocolError("\(error)") }
-        try await write(first)
+        do {
+            let fragments = try Framing.fragment(first, mtu: mtu, channel: channel)
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID, thenWrite: BoxkeyProtocol.requestCharacteristicUUID, commands: fragments)
+        } catch let e as RadioError {
+            if case .disconnected(let r) = e { throw Failure.linkLost(r) }
+            throw Failure.radio("\(e)")
+        }
     }
 
     public func send(_ message: AppMessage) async throws {

@@ -36,6 +36,11 @@ public protocol CentralLink: Sendable {
     /// Enables notifications (writes the CCCD).
     func subscribe(_ characteristic: String) async throws
 
+    /// Enables notifications and writes `commands` (Write Commands) to `target` right behind
+    /// the CCCD's Write Request, in that order on the air: ATT sends commands while a request
+    /// is outstanding, so they need not wait for its response. Returns when all are through.
+    func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws
+
     /// Disables notifications (writes the CCCD back to 0; BlueZ `StopNotify`): done before a
     /// planned disconnect, so the peripheral stops sending before the link goes.
     func unsubscribe(_ characteristic: String) async throws
@@ -43,6 +48,14 @@ public protocol CentralLink: Sendable {
     func rssi() async throws -> Int
 
     func disconnect() async
+}
+
+extension CentralLink {
+    /// One after the other: for a link that cannot keep the two in order on the air.
+    public func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
+        try await subscribe(characteristic)
+        for value in commands { try await write(target, value: value, withResponse: false) }
+    }
 }
 
 /// What a link can report about its use of the air: connection events from the connection to

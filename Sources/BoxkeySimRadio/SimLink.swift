@@ -70,6 +70,9 @@ final class SimLink: Sendable {
     let centralMailbox: TimedMailbox<LinkEvent>
     let peripheralSink: any PeripheralSink
     let state: NIOLockedValueBox<State>
+    /// When the central's last ATT request got its response: ATT lets a client have one
+    /// request outstanding on a link (commands and notifications are not held by it).
+    let requestFree = NIOLockedValueBox<Duration>(.zero)
 
     init(id: UInt64, central: DeviceAddress, peripheral: DeviceAddress, service: GATTService?, anchor: Duration,
          parameters: SimulationParameters, centralMailbox: TimedMailbox<LinkEvent>, peripheralSink: any PeripheralSink) {

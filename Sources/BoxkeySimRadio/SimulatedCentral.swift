@@ -115,11 +115,15 @@ public final class SimulatedLink: CentralLink {
         return t
     }
 
-    /// One ATT request/response pair issued at `t`; returns when the response arrives.
+    /// One ATT request/response pair issued at `t`, or when the request before it got its
+    /// response if that is later; returns when the response arrives.
     private func roundTrip(at t: Duration, requestBytes: Int, responseBytes: Int, event: PeripheralEvent? = nil) -> Duration {
         let p = air.parameters
-        let request = link.sendToPeripheral(packets: p.packets(forValueLength: requestBytes), valueBytes: requestBytes, issuedAt: t, event: event, air: air)
-        return link.sendToCentral(packets: p.packets(forValueLength: responseBytes), valueBytes: responseBytes, issuedAt: request.deliveredAt, event: nil, air: air).deliveredAt
+        return link.requestFree.withLockedValue { free in
+            let request = link.sendToPeripheral(packets: p.packets(forValueLength: requestBytes), valueBytes: requestBytes, issuedAt: max(t, free), event: event, air: air)
+            free = link.sendToCentral(packets: p.packets(forValueLength: responseBytes), valueBytes: responseBytes, issuedAt: request.deliveredAt, event: nil, air: air).deliveredAt
+            return free
+        }
     }
 
     public func discover(service uuid: String) async throws -> GATTService {
@@ -178,11 +182,29 @@ public final class SimulatedLink: CentralLink {
     }
 
     public func subscribe(_ characteristic: String) async throws {
+        try await subscribe(characteristic, thenWrite: characteristic, commands: [])
+    }
+
+    /// The subscription's Write Request, and right behind it on the air the commands; returns
+    /// when the request's response and the last command are through.
+    public func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
         let t = try begin()
         let c = try characteristicOrThrow(characteristic)
         guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(c.uuid)") }
+        let written = commands.isEmpty ? nil : try characteristicOrThrow(target)
+        if let written, !written.properties.contains(.writeWithoutResponse) {
+            throw RadioError.notPermitted("write-without-response on \(written.uuid)")
+        }
+        let limit = ATTLimits.writeValue(mtu: link.mtu)
+        if let long = commands.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
         link.subscribe(c.uuid)
-        let done = roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid))
+        var done = roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid))
+        let p = air.parameters
+        for value in commands {
+            let event = PeripheralEvent.wrote(link.centralID, characteristic: written!.uuid, value: value, mtu: link.mtu)
+            let placement = link.sendToPeripheral(packets: p.packets(forValueLength: value.count), valueBytes: value.count, issuedAt: t, event: event, air: air)
+            done = max(done, placement.acceptedAt)
+        }
         try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
     }
 
