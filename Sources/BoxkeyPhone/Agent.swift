@@ -255,11 +255,12 @@ public actor Agent {
     /// takes one reading per box per scan: a Bluetooth controller filters duplicate
     /// advertisements within one scan, so a new scan is what brings a new reading (the
     /// simulated radio does the same). It offers the login at the first box whose last
-    /// `samples` readings all had its prompt waiting and average at least `thresholdDBm`. Never
-    /// logs in by itself: the box's prompt asks the person, and only their Enter there makes
-    /// this phone push. What bounds near → offer: `samples` × (starting a scan + the box's
-    /// advertising interval, 100 ms), then one connection and handshake; a prompt that appears
-    /// while nothing was near waits for the next scan too (`idleScanPeriod`).
+    /// `samples` readings, from scans one after the other, average at least `thresholdDBm`,
+    /// the last of them with its prompt waiting. Never logs in by itself: the box's prompt asks
+    /// the person, and only their Enter there makes this phone push. What bounds near → offer:
+    /// `samples` × (starting a scan + the box's advertising interval, 100 ms), then one
+    /// connection and handshake; a prompt that opens beside a phone already near: the next scan
+    /// (within `idleScanPeriod`) and the connection.
     public func proximityTick() async {
         followWalks()
         guard let proximity, mayOffer, !scanning else { if !scanning { heardNear = [:] }; return }
@@ -275,10 +276,13 @@ public actor Agent {
             let heard = await listenOnce(for: pinned)
             for id in pinned.keys where heard[id] == nil { heardNear[id] = nil }
             for (id, box) in heard {
-                guard box.advertisement.flags.contains(.loginPromptWaiting), let rssi = box.rssi else { heardNear[id] = nil; continue }
+                guard let rssi = box.rssi else { heardNear[id] = nil; continue }
+                // Readings from before the prompt appeared count (the phone was as near then):
+                // a prompt that opens beside a phone needs one scan that sees it, not three.
                 let recent = Array((heardNear[id, default: []] + [rssi]).suffix(proximity.samples))
                 heardNear[id] = recent
-                guard recent.count == proximity.samples, recent.reduce(0, +) / recent.count >= proximity.thresholdDBm, mayOffer else { continue }
+                guard box.advertisement.flags.contains(.loginPromptWaiting), recent.count == proximity.samples,
+                      recent.reduce(0, +) / recent.count >= proximity.thresholdDBm, mayOffer else { continue }
                 heardNear = [:]
                 // Where it was just heard: the login connects there, without scanning again.
                 try? phone.boxes.remember(id, heard: box)
