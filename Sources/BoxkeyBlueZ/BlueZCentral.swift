@@ -303,25 +303,46 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         _ = try await call(characteristic, "StartNotify", [])
     }
 
-    /// StartNotify, then the WriteValue commands without waiting for its reply. bluetoothd
-    /// reads one client's calls in order and its ATT queue sends the CCCD's Write Request
-    /// before the commands queued after it, so the box sees the subscription first.
-    func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
+    /// StartNotify, then the fragments' WriteValue calls once StartNotify is on the bus, not
+    /// after its reply. bluetoothd may put the commands on the air before the CCCD's request
+    /// (its ATT queue sends commands first), but the last fragment is a request, which waits
+    /// for the CCCD's response: the box cannot have the whole message before the subscription.
+    func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         let limit = await mtu - 3
-        if let long = commands.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
+        if let long = fragments.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
         let p = try characteristicPath(characteristic)
         state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
-        let (handedOver, signal) = AsyncStream.makeStream(of: Void.self)
-        async let subscription = call(characteristic, "StartNotify", [], sent: { signal.finish() })
-        for await _ in handedOver {}
+        // `sent` runs exactly once, on every path (the call made or failed), so the wait below
+        // ends; a continuation, not a stream, so cancellation cannot end it early and reorder.
+        let handedOver = NIOLockedValueBox<(sent: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+        async let subscription: Void = { _ = try await call(characteristic, "StartNotify", [], sent: {
+            let waiter = handedOver.withLockedValue { h -> CheckedContinuation<Void, Never>? in
+                h.sent = true
+                defer { h.waiter = nil }
+                return h.waiter
+            }
+            waiter?.resume()
+        }) }()
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let sent = handedOver.withLockedValue { h -> Bool in
+                if !h.sent { h.waiter = c }
+                return h.sent
+            }
+            if sent { c.resume() }
+        }
         var failure: (any Error)?
         do {
-            for value in commands {
-                _ = try await call(target, "WriteValue", [.bytes(value), .vardict(["type": .string("command")])])
+            try Task.checkCancellation()
+            for (i, value) in fragments.enumerated() {
+                let last = i == fragments.count - 1
+                _ = try await call(target, "WriteValue", [.bytes(value), .vardict(["type": .string(last ? "request" : "command")])])
             }
         } catch { failure = error }
-        _ = try await subscription
+        let subscribed: Result<Void, any Error>
+        do { try await subscription; subscribed = .success(()) } catch { subscribed = .failure(error) }
+        // A write's error says more (the link went) than the subscription's that follows it.
         if let failure { throw failure }
+        try subscribed.get()
     }
 
     func unsubscribe(_ characteristic: String) async throws {

@@ -142,16 +142,18 @@ public actor BoxLink {
 
     deinit { reader.cancel() }
 
-    /// Enables the box's notifications and sends the handshake's first message right behind the
-    /// subscription, in that order on the air and without waiting for its response (a round
-    /// trip less). The message goes as Write Commands only: the box's answer says it arrived,
-    /// and ATT would hold a Write Request until the subscription's response.
+    /// Enables the box's notifications and sends the handshake's first message without waiting
+    /// for the subscription's response. Its last fragment is a Write Request, which ATT keeps
+    /// behind the subscription's: the box has the whole message only once it has seen the
+    /// subscription, so its answer cannot go out before the phone listens (BlueZ's GATT server
+    /// tells a box of the first subscriber only, and drops a notification to a device that has
+    /// not subscribed). The other fragments, commands, may go first.
     private func start() async throws {
         let first: [UInt8]
         do { first = try connection.start() } catch { throw Failure.protocolError("\(error)") }
         do {
             let fragments = try Framing.fragment(first, mtu: mtu, channel: channel)
-            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID, thenWrite: BoxkeyProtocol.requestCharacteristicUUID, commands: fragments)
+            try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID, thenWrite: BoxkeyProtocol.requestCharacteristicUUID, fragments: fragments)
         } catch let e as RadioError {
             if case .disconnected(let r) = e { throw Failure.linkLost(r) }
             throw Failure.radio("\(e)")

@@ -36,10 +36,13 @@ public protocol CentralLink: Sendable {
     /// Enables notifications (writes the CCCD).
     func subscribe(_ characteristic: String) async throws
 
-    /// Enables notifications and writes `commands` (Write Commands) to `target` right behind
-    /// the CCCD's Write Request, in that order on the air: ATT sends commands while a request
-    /// is outstanding, so they need not wait for its response. Returns when all are through.
-    func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws
+    /// Enables notifications and writes one message's `fragments` to `target` without waiting
+    /// for the subscription's response: all but the last as Write Commands, the last as a Write
+    /// Request. The commands may reach the peripheral before the subscription does (BlueZ's ATT
+    /// queue sends queued commands ahead of queued requests); the last fragment cannot (one
+    /// request at a time, in order), so the message is whole at the peripheral only after the
+    /// subscription. Returns when the last fragment's response is in.
+    func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws
 
     /// Disables notifications (writes the CCCD back to 0; BlueZ `StopNotify`): done before a
     /// planned disconnect, so the peripheral stops sending before the link goes.
@@ -51,10 +54,10 @@ public protocol CentralLink: Sendable {
 }
 
 extension CentralLink {
-    /// One after the other: for a link that cannot keep the two in order on the air.
-    public func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
+    /// One after the other, for a link with nothing better.
+    public func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         try await subscribe(characteristic)
-        for value in commands { try await write(target, value: value, withResponse: false) }
+        for (i, value) in fragments.enumerated() { try await write(target, value: value, withResponse: i == fragments.count - 1) }
     }
 }
 

@@ -182,28 +182,33 @@ public final class SimulatedLink: CentralLink {
     }
 
     public func subscribe(_ characteristic: String) async throws {
-        try await subscribe(characteristic, thenWrite: characteristic, commands: [])
+        try await subscribe(characteristic, thenWrite: characteristic, fragments: [])
     }
 
-    /// The subscription's Write Request, and right behind it on the air the commands; returns
-    /// when the request's response and the last command are through.
-    public func subscribe(_ characteristic: String, thenWrite target: String, commands: [[UInt8]]) async throws {
+    /// As BlueZ may put them on the air: the commands first (its ATT queue sends queued
+    /// commands ahead of queued requests), then the CCCD's Write Request, then the last
+    /// fragment's Write Request once that one's response is in.
+    public func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         let t = try begin()
         let c = try characteristicOrThrow(characteristic)
         guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(c.uuid)") }
-        let written = commands.isEmpty ? nil : try characteristicOrThrow(target)
-        if let written, !written.properties.contains(.writeWithoutResponse) {
-            throw RadioError.notPermitted("write-without-response on \(written.uuid)")
+        let written = fragments.isEmpty ? nil : try characteristicOrThrow(target)
+        if let written, !written.properties.contains(.write) || (fragments.count > 1 && !written.properties.contains(.writeWithoutResponse)) {
+            throw RadioError.notPermitted("write on \(written.uuid)")
         }
         let limit = ATTLimits.writeValue(mtu: link.mtu)
-        if let long = commands.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
-        link.subscribe(c.uuid)
-        var done = roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid))
+        if let long = fragments.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
         let p = air.parameters
-        for value in commands {
+        var done = t
+        for value in fragments.dropLast() {
             let event = PeripheralEvent.wrote(link.centralID, characteristic: written!.uuid, value: value, mtu: link.mtu)
-            let placement = link.sendToPeripheral(packets: p.packets(forValueLength: value.count), valueBytes: value.count, issuedAt: t, event: event, air: air)
-            done = max(done, placement.acceptedAt)
+            done = max(done, link.sendToPeripheral(packets: p.packets(forValueLength: value.count), valueBytes: value.count, issuedAt: t, event: event, air: air).acceptedAt)
+        }
+        link.subscribe(c.uuid)
+        done = max(done, roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid)))
+        if let last = fragments.last {
+            let event = PeripheralEvent.wrote(link.centralID, characteristic: written!.uuid, value: last, mtu: link.mtu)
+            done = max(done, roundTrip(at: t, requestBytes: last.count, responseBytes: 0, event: event))
         }
         try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
     }
