@@ -54,7 +54,9 @@ public actor Agent {
     /// Proximity login (opt-in: `boxkey agent start --proximity`): when a paired box's prompt
     /// waits and the box is near, offer the login; the person presses Enter at the box.
     public struct Proximity: Sendable {
-        /// Mean RSSI of the last `samples` advertisements heard with a prompt waiting.
+        /// Mean RSSI of the last `samples` advertisements heard (in scans one after the other,
+        /// none older than `Agent.freshness`); the last, heard with a prompt waiting, must reach
+        /// it too.
         public var thresholdDBm: Int = -65
         public var samples: Int = 3
         /// Only this long after the PIN was given: a phone left in a drawer all day offers nothing.
@@ -86,8 +88,8 @@ public actor Agent {
     private let linkJobContinuation: AsyncStream<LinkJob>.Continuation
 
     private let proximity: Proximity?
-    /// RSSI heard per box while its prompt waits, newest last.
-    private var heardNear: [BoxID: [Int]] = [:]
+    /// RSSI heard per box, with when, newest last.
+    private var heardNear: [BoxID: [(at: ContinuousClock.Instant, rssi: Int)]] = [:]
     /// No new offer before this (after one ended, so a refused or ignored offer is not repeated
     /// at once).
     private var nextOffer: ContinuousClock.Instant?
@@ -255,9 +257,10 @@ public actor Agent {
     /// takes one reading per box per scan: a Bluetooth controller filters duplicate
     /// advertisements within one scan, so a new scan is what brings a new reading (the
     /// simulated radio does the same). It offers the login at the first box whose last
-    /// `samples` readings, from scans one after the other, average at least `thresholdDBm`,
-    /// the last of them with its prompt waiting. Never logs in by itself: the box's prompt asks
-    /// the person, and only their Enter there makes this phone push. What bounds near → offer:
+    /// `samples` readings, fresh and from scans one after the other, average at least
+    /// `thresholdDBm`, the last of them with its prompt waiting and itself that near. Never
+    /// logs in by itself: the box's prompt asks the person, and only their Enter there makes
+    /// this phone push. What bounds near → offer:
     /// `samples` × (starting a scan + the box's advertising interval, 100 ms), then one
     /// connection and handshake; a prompt that opens beside a phone already near: the next scan
     /// (within `idleScanPeriod`) and the connection.
@@ -277,12 +280,18 @@ public actor Agent {
             for id in pinned.keys where heard[id] == nil { heardNear[id] = nil }
             for (id, box) in heard {
                 guard let rssi = box.rssi else { heardNear[id] = nil; continue }
-                // Readings from before the prompt appeared count (the phone was as near then):
-                // a prompt that opens beside a phone needs one scan that sees it, not three.
-                let recent = Array((heardNear[id, default: []] + [rssi]).suffix(proximity.samples))
+                // Readings from just before the prompt appeared count (a prompt that opens beside
+                // a phone needs one scan that sees it, not three), but only fresh ones: a reading
+                // older than `freshness` (a walk away, a suspended phone: ContinuousClock counts
+                // the suspension) starts the count again. The reading that sees the prompt must
+                // itself be near: a mean cannot carry a phone already walking away.
+                let heardAt = ContinuousClock.now
+                let fresh = heardNear[id, default: []].filter { heardAt - $0.at <= Self.freshness(proximity) }
+                let recent = Array((fresh + [(at: heardAt, rssi: rssi)]).suffix(proximity.samples))
                 heardNear[id] = recent
-                guard box.advertisement.flags.contains(.loginPromptWaiting), recent.count == proximity.samples,
-                      recent.reduce(0, +) / recent.count >= proximity.thresholdDBm, mayOffer else { continue }
+                let values = recent.map(\.rssi)
+                guard box.advertisement.flags.contains(.loginPromptWaiting), rssi >= proximity.thresholdDBm,
+                      values.count == proximity.samples, values.reduce(0, +) / values.count >= proximity.thresholdDBm, mayOffer else { continue }
                 heardNear = [:]
                 // Where it was just heard: the login connects there, without scanning again.
                 try? phone.boxes.remember(id, heard: box)
@@ -303,6 +312,10 @@ public actor Agent {
 
     /// How often a scan starts while no box near enough has its prompt waiting.
     static let idleScanPeriod: Duration = .milliseconds(500)
+
+    /// How old a reading may be and still count: the span of `samples` scans a phone makes
+    /// when no prompt waits, and a second more.
+    static func freshness(_ proximity: Proximity) -> Duration { idleScanPeriod * proximity.samples + .seconds(1) }
 
     /// Listening lasts this long at most; the next tick goes on (a newly paired box).
     static let listenSpan: Duration = .seconds(10)

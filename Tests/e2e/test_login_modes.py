@@ -334,6 +334,28 @@ def test_proximity_login_waits_for_enter_at_the_box(world, proximity_agent):
     print(f"PROXIMITY-FIGURES {{\"near_to_offer_shown_s\": {offered:.2f}, \"enter_to_accepted_s\": {elapsed:.2f}}}")
 
 
+def test_a_phone_walking_away_is_not_offered_on_the_readings_it_took_while_near(world, proximity_agent):
+    """An attack on the mean: alice's phone lay beside the box (near readings), she walks away,
+    and someone at the box opens a prompt. One far reading with the prompt waiting must not be
+    carried over the threshold by the near ones before it: nothing is offered until the phone
+    is near again."""
+    world.settings["login"] = {"proximity": True}
+    world.start_box()
+    world.pair_and_store()
+    proximity_agent("--sim-position", "0.3")
+    time.sleep(2)  # near readings (−46 dBm), no prompt yet; 10 m is −84: (−46 −46 −84) / 3 > −65
+    world.phone("sim", "move", "10")
+    time.sleep(0.6)
+    greeter = world.greeter("authenticate", stdin=None)
+    time.sleep(4)
+    assert "proximity offer" not in world.box_output(), "offered to a phone 10 m away"
+    world.phone("sim", "move", "1")
+    wait_for(lambda: "proximity offer: phone" in world.box_output(), timeout=20, what="the offer once near again")
+    greeter.type(PASSWORD + "\n")
+    code, out = world.finish(greeter)
+    assert code == 0, out
+
+
 def test_proximity_is_off_unless_the_box_allows_it(world, proximity_agent):
     world.start_box()  # [login] proximity defaults to false
     world.pair_and_store()
