@@ -225,7 +225,7 @@ struct SignalService: Service {
         }
         for await signal in signals.cancelOnGracefulShutdown() {
             guard signal.number == SIGHUP else {
-                logger.notice("\(signal.number == SIGTERM ? "SIGTERM" : "SIGINT"): stopping")
+                logger.info("\(signal.number == SIGTERM ? "SIGTERM" : "SIGINT"): stopping")
                 return
             }
             if signal.at > readAt { _ = await reloadNow() }
