@@ -236,27 +236,15 @@ final class ThreadPoolExecutor: TaskExecutor, SchedulingExecutor, @unchecked Sen
         queue = JobQueue(minimumThreads: threads, maximumThreads: threads * 4)
         for _ in 0..<threads where queue.addThread(always: true) { startThread() }
         // The watcher: a thread more while jobs wait behind threads that make no progress.
-        var watcher = pthread_t()
-        let rc = pthread_create(&watcher, nil, { raw in
-            let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
-            boxkey_set_thread_name("swift-tasks-mon")
-            while pool.queue.waitForStall() { pool.startThread() }
-            return nil
-        }, Unmanaged.passRetained(self).toOpaque())
-        precondition(rc == 0, "cannot start the task threads' watcher: error \(rc)")
-        pthread_detach(watcher)
+        if case .failure(let e) = startPlainThread(named: "swift-tasks-mon", { [self] in
+            while queue.waitForStall() { startThread() }
+        }) { preconditionFailure("cannot start the task threads' watcher: error \(e.code)") }
     }
 
     private func startThread() {
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { raw in
-            let pool = Unmanaged<ThreadPoolExecutor>.fromOpaque(raw!).takeRetainedValue()
-            boxkey_set_thread_name(ThreadPoolExecutor.threadName)
-            while let job = pool.queue.next() { runOnGenericExecutor(job) }
-            return nil
-        }, Unmanaged.passRetained(self).toOpaque())
-        precondition(rc == 0, "cannot start a task thread: error \(rc)")
-        pthread_detach(thread)
+        if case .failure(let e) = startPlainThread(named: Self.threadName, { [self] in
+            while let job = queue.next() { runOnGenericExecutor(job) }
+        }) { preconditionFailure("cannot start a task thread: error \(e.code)") }
     }
 
     func enqueue(_ job: consuming ExecutorJob) { queue.append(UnownedJob(job)) }

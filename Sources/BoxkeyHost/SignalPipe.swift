@@ -26,13 +26,7 @@ public enum SignalPipe {
         guard fd >= 0 else { throw InstallError(errno: errno) }
         let (stream, continuation) = AsyncStream.makeStream(of: Caught.self)
         let reader = Reader(fd: fd, continuation: continuation)
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { raw in
-            Unmanaged<Reader>.fromOpaque(raw!).takeRetainedValue().run()
-            return nil
-        }, Unmanaged.passRetained(reader).toOpaque())
-        guard rc == 0 else { throw InstallError(errno: rc) }
-        pthread_detach(thread)
+        if case .failure(let e) = startPlainThread(named: "signals", reader.run) { throw InstallError(errno: e.code) }
         return stream
     }
 

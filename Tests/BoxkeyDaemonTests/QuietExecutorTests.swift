@@ -25,14 +25,7 @@ struct QuietExecutorTests {
         let queue = JobQueue<String>()
         queue.append("in a minute", after: 60_000_000_000)
         let got = NIOLockedValueBox<String?>(nil)
-        var thread = pthread_t()
-        let context = Unmanaged.passRetained(Box(queue: queue, got: got)).toOpaque()
-        pthread_create(&thread, nil, { raw in
-            let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
-            let job = box.queue.next()
-            box.got.withLockedValue { $0 = job }
-            return nil
-        }, context)
+        let thread = try! startPlainThread(joinable: true) { got.withLockedValue { $0 = queue.next() } }.get()
         usleep(20_000)   // let the thread wait for the minute
         let start = monotonicNanoseconds()
         queue.append("in 5 ms", after: 5_000_000)
@@ -44,14 +37,7 @@ struct QuietExecutorTests {
     @Test func stopEndsAWaitingThread() {
         let queue = JobQueue<Int>()
         let got = NIOLockedValueBox<Int?>(0)
-        var thread = pthread_t()
-        let context = Unmanaged.passRetained(IntBox(queue: queue, got: got)).toOpaque()
-        pthread_create(&thread, nil, { raw in
-            let box = Unmanaged<IntBox>.fromOpaque(raw!).takeRetainedValue()
-            let job = box.queue.next()
-            box.got.withLockedValue { $0 = job }
-            return nil
-        }, context)
+        let thread = try! startPlainThread(joinable: true) { got.withLockedValue { $0 = queue.next() } }.get()
         queue.stop()
         pthread_join(thread, nil)
         #expect(got.withLockedValue { $0 } == nil)
@@ -98,17 +84,5 @@ struct QuietExecutorTests {
         let ran = await Task(executorPreference: pool) { monotonicNanoseconds() }.value
         #expect(ran - start < 400_000_000)
         for blocker in blockers { await blocker.value }
-    }
-
-    final class Box: @unchecked Sendable {
-        let queue: JobQueue<String>
-        let got: NIOLockedValueBox<String?>
-        init(queue: JobQueue<String>, got: NIOLockedValueBox<String?>) { self.queue = queue; self.got = got }
-    }
-
-    final class IntBox: @unchecked Sendable {
-        let queue: JobQueue<Int>
-        let got: NIOLockedValueBox<Int?>
-        init(queue: JobQueue<Int>, got: NIOLockedValueBox<Int?>) { self.queue = queue; self.got = got }
     }
 }
