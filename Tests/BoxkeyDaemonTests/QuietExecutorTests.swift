@@ -68,7 +68,7 @@ struct QuietExecutorTests {
         }
         #expect(sum == 2_000 * 2_001 / 2)
         // The threads beyond the two end a second after nothing waits.
-        for _ in 0..<40 where pool.queue.threads > 2 { usleep(50_000) }
+        for _ in 0..<200 where pool.queue.threads > 2 { usleep(50_000) }
         #expect(pool.queue.threads == 2)
         #expect(names.withLockedValue { $0 } == [ThreadPoolExecutor.threadName])
     }
@@ -76,13 +76,30 @@ struct QuietExecutorTests {
     @Test func aJobDoesNotWaitBehindThreadsThatBlock() async {
         let pool = ThreadPoolExecutor(threads: 2)
         defer { pool.stop() }
-        // Both threads blocked in a system call (a slow NSS lookup, an HCI read): libdispatch
-        // adds a thread after a second, this pool after 100 ms without progress.
-        let blockers = (0..<2).map { _ in Task(executorPreference: pool) { usleep(800_000) } }
-        usleep(50_000)
-        let start = monotonicNanoseconds()
-        let ran = await Task(executorPreference: pool) { monotonicNanoseconds() }.value
-        #expect(ran - start < 400_000_000)
-        for blocker in blockers { await blocker.value }
+        // Both threads blocked in a system call (a slow NSS lookup, an HCI read) until the new
+        // job runs: libdispatch adds a thread after a second, this pool after 100 ms without
+        // progress. Without a new thread the blockers give up after 30 s and the job runs late,
+        // so the test says whether the job ran while they blocked, not how fast (a sanitizer
+        // build is slow).
+        let blocking = (0..<2).map { _ in ConditionLock(value: false) }
+        let released = ConditionLock(value: false)
+        let blockers = blocking.map { started in
+            Task(executorPreference: pool) { () -> Bool in
+                started.lock()
+                started.unlock(withValue: true)
+                guard released.lock(whenValue: true, timeoutSeconds: 30) else { return false }
+                released.unlock()
+                return true
+            }
+        }
+        for started in blocking {
+            started.lock(whenValue: true)
+            started.unlock()
+        }
+        await Task(executorPreference: pool) {
+            released.lock()
+            released.unlock(withValue: true)
+        }.value
+        for blocker in blockers { #expect(await blocker.value, "the job waited behind the blocked threads") }
     }
 }
