@@ -37,7 +37,7 @@ let testUsers: @Sendable (String) -> UInt32? = { ["alice": 1000, "mallory": 1001
 let testPeer = PAMPeer(pid: 4242, uid: 0)
 
 extension Box {
-    func failedHandshakeCount(_ address: DeviceAddress) -> Int { failedHandshakes.count(address, now: clock.now) }
+    func failedHandshakeCount(_ address: DeviceAddress) -> Int { state.failedHandshakes.count(address, now: clock.now) }
 }
 
 /// Where the box and its phones meet in a test.

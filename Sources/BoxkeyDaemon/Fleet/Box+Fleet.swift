@@ -14,7 +14,7 @@ struct FleetHealth: Sendable {
     var served: String?
 }
 
-extension Box {
+extension BoxState {
     /// The users `phone` may log in as here: its enrolment at this box, and the fleet
     /// directory's while the last read of it is fresh enough. A phone revoked at this box gets
     /// nothing from the directory either.
@@ -25,7 +25,7 @@ extension Box {
         let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale).filter { user in
             // The account of exactly that name: a case-insensitive NSS (sssd) gives `Alice`, a
             // different person, for the directory's `alice`.
-            guard let uid = uid(of: user), uid != 0, Self.accountName(user).map({ $0 == user }) ?? true else { return false }
+            guard let uid = uid(of: user), uid != 0, Box.accountName(user).map({ $0 == user }) ?? true else { return false }
             return roster.uidNumbers[user].map { $0 == uid } ?? true
         }
         return local + fromFleet.filter { !local.contains($0) }
@@ -42,44 +42,47 @@ extension Box {
 
     /// With `[fleet] publish`, a phone enrolled here by a pairing code is written to the
     /// user's directory entry, so every box of the fleet takes it.
-    func publishToFleet(_ phone: PublicKey, user: String, name: String) {
-        guard config.fleet?.publish == true, let fleetPublisher else { return }
-        fleetPublisher(phone, user, name)
+    mutating func publishToFleet(_ phone: PublicKey, user: String, name: String) {
+        guard config.fleet?.publish == true else { return }
+        emit(.publish(phone, user: user, name: name))
     }
 
+}
+
+extension Box {
     public func setFleetPublisher(_ publisher: @escaping @Sendable (PublicKey, String, String) -> Void) {
         fleetPublisher = publisher
     }
 
     /// The roster from the cache file at start: used only while it is fresh.
     public func fleetCacheLoaded(_ roster: FleetRoster) {
-        fleetRoster = roster
-        fleetHealth.lastRead = roster.readAt
+        state.fleetRoster = roster
+        state.fleetHealth.lastRead = roster.readAt
     }
 
     /// A new read of the directory. Phones that lost users there lose their links here at once
     /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
     public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) async {
-        let old = fleetRoster
-        fleetRoster = roster
-        if fleetHealth.failingSince != nil {
-            audit.audit(.notice, .fleet, "fleet directory answers again: \(roster.phones.count) phones (it had failed since \(fleetHealth.failingSince!.formatted(.iso8601)))")
+        let old = state.fleetRoster
+        state.fleetRoster = roster
+        if state.fleetHealth.failingSince != nil {
+            audit.audit(.notice, .fleet, "fleet directory answers again: \(roster.phones.count) phones (it had failed since \(state.fleetHealth.failingSince!.formatted(.iso8601)))")
         }
-        fleetHealth.lastRead = roster.readAt
-        fleetHealth.lastReadSeconds = seconds
-        fleetHealth.lastReadRequests = requests
-        fleetHealth.lastError = nil
-        fleetHealth.failingSince = nil
+        state.fleetHealth.lastRead = roster.readAt
+        state.fleetHealth.lastReadSeconds = seconds
+        state.fleetHealth.lastReadRequests = requests
+        state.fleetHealth.lastError = nil
+        state.fleetHealth.failingSince = nil
         guard let old else { return }
         for (key, users) in roster.lost(since: old) {
             guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { continue }
             audit.audit(.notice, .revoked, "fleet: phone \(phone.fingerprint) is no longer enrolled for \(users.map(logSafe).joined(separator: ",")) in the directory", phone: phone.fingerprint)
-            let still = enrolledUsers(of: phone)
+            let still = state.enrolledUsers(of: phone)
             if still.isEmpty {
                 // Enrolled nowhere now: as a local revocation, its pending enrolment goes, and
                 // so do its sealed passwords (escrow mode).
-                enrolment.settle(phone)
-                if let n = try? escrow.destroy(phone: phone.fingerprint), n > 0 {
+                state.enrolment.settle(phone)
+                if let n = try? state.escrow.destroy(phone: phone.fingerprint), n > 0 {
                     audit.audit(.notice, .revoked, "destroyed \(n) sealed password(s) of phone \(phone.fingerprint), no longer enrolled in the directory", phone: phone.fingerprint)
                 }
             }
@@ -90,24 +93,24 @@ extension Box {
     /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
     /// read, then fleet phones are refused.
     public func fleetReadFailed(_ error: String, now: Date = Date()) {
-        if fleetHealth.failingSince == nil {
-            let left = fleetHealth.lastRead.map { max(0, Double(config.fleet?.maxStale.components.seconds ?? 0) - now.timeIntervalSince($0)) }
+        if state.fleetHealth.failingSince == nil {
+            let left = state.fleetHealth.lastRead.map { max(0, Double(state.config.fleet?.maxStale.components.seconds ?? 0) - now.timeIntervalSince($0)) }
             let until = left.map { "fleet phones keep working from the last read for \(Int($0)) s more" } ?? "no read of it yet: fleet phones are refused"
             audit.audit(.warning, .fleet, "cannot read the fleet directory: \(error); \(until); passwords work as always")
-            fleetHealth.failingSince = now
+            state.fleetHealth.failingSince = now
         }
-        fleetHealth.lastError = error
+        state.fleetHealth.lastError = error
     }
 
     func fleetStatus(now: Date = Date()) -> DaemonStatus.Fleet? {
-        guard let fleet = config.fleet else { return nil }
-        let age = fleetHealth.lastRead.map { Int(now.timeIntervalSince($0)) }
-        return DaemonStatus.Fleet(uri: fleet.uri, phones: fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
-                                  fresh: fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
-                                  maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: fleetHealth.lastError,
+        guard let fleet = state.config.fleet else { return nil }
+        let age = state.fleetHealth.lastRead.map { Int(now.timeIntervalSince($0)) }
+        return DaemonStatus.Fleet(uri: fleet.uri, phones: state.fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
+                                  fresh: state.fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
+                                  maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: state.fleetHealth.lastError,
                                   publish: fleet.publish,
-                                  certificate: fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
-                                  certificateProblem: fleetHealth.certificateProblem)
+                                  certificate: state.fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
+                                  certificateProblem: state.fleetHealth.certificateProblem)
     }
 }
 
@@ -132,19 +135,19 @@ extension Box {
             }
         }
         let served = certificate.map { "\(String($0.serial, radix: 16)) (valid until \($0.notAfter)) and revocation list \(revocations?.number ?? 0)" }
-        if problem != fleetHealth.certificateProblem || served != fleetHealth.served {
+        if problem != state.fleetHealth.certificateProblem || served != state.fleetHealth.served {
             if let problem { audit.audit(.error, .fleet, "fleet: \(problem)") }
             else if let served { audit.audit(.notice, .fleet, "fleet: serving certificate \(served)") }
-            fleetHealth.certificateProblem = problem
-            fleetHealth.served = served
+            state.fleetHealth.certificateProblem = problem
+            state.fleetHealth.served = served
         }
-        fleetHealth.certificate = certificate
+        state.fleetHealth.certificate = certificate
         var credentials: [UInt8] = []
         if let c = certificate, c.boxKey == identity.keyPair.publicKey, c.boxID == identity.boxID {
             credentials = c.encode() + (revocations?.encode() ?? [])
         }
-        guard credentials != fleetCredentials else { return }
-        fleetCredentials = credentials
-        outboxContinuation.yield(.setInfo(info.encode()))
+        guard credentials != state.fleetCredentials else { return }
+        state.fleetCredentials = credentials
+        outboxContinuation.yield(.setInfo(state.info.encode()))
     }
 }

@@ -62,67 +62,73 @@ public struct PAMBridge: Service, CustomStringConvertible {
                 let delivered = NIOLockedValueBox(false)
                 var prompt: UInt64?
                 var wait = Duration.zero
-                requests: for try await frame in inbound {
-                    let request: PAMRequest
-                    var body = Array(buffer: frame)
-                    // A captured password came in this frame: wipe the socket's buffer in place
-                    // (a write through a copy would wipe only the copy) and our copy of it.
-                    defer {
-                        frame.withUnsafeReadableBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
-                        secureZero(&body)
-                    }
-                    do { request = try PAMRequest.decode(body) } catch {
-                        if body.count >= 2, let name = AdminRequest.name(ofType: body[1]) {
-                            logger.warning("PAM socket: \(name) belongs on the admin socket; closing")
-                            replyContinuation.yield(.reply(.error("\(name) is not taken on the PAM socket")))
-                        } else {
-                            replyContinuation.yield(.reply(.error("malformed request: \(error)")))
+                // A connection that fails (reset as the module's process ends) ends as one that
+                // closes: the prompt is closed either way, and an Enter waiting on it answered.
+                do {
+                    requests: for try await frame in inbound {
+                        let request: PAMRequest
+                        var body = Array(buffer: frame)
+                        // A captured password came in this frame: wipe the socket's buffer in place
+                        // (a write through a copy would wipe only the copy) and our copy of it.
+                        defer {
+                            frame.withUnsafeReadableBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
+                            secureZero(&body)
                         }
-                        break
-                    }
-                    if state == .waiting, delivered.withLockedValue({ $0 }) { state = .pushed }
-                    guard let next = state.next(on: request) else {
-                        logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
-                        replyContinuation.yield(.reply(.error("request not allowed now")))
-                        break
-                    }
-                    state = next
-                    switch request {
-                    case .waitForPush(let r):
-                        let (id, reply) = await box.registerPrompt(r, peer: peer)
-                        replyContinuation.yield(.reply(reply))
-                        guard let id else { break requests }
-                        prompt = id
-                        wait = .milliseconds(Int(r.timeoutMilliseconds))
-                    case .cancel:
-                        if let prompt { await box.promptClosed(prompt) }
-                    case .intent:
-                        // Enter at the prompt. A wait for a phone on its way runs beside this read
-                        // loop, so a cancel or a hang-up ends it.
-                        if let prompt {
-                            let wait = wait
-                            group.addTask {
-                                let answer = await box.take(prompt, wait: wait)
-                                if answer.pushedUser != nil { delivered.withLockedValue { $0 = true } }
-                                replyContinuation.yield(.answer(answer))
+                        do { request = try PAMRequest.decode(body) } catch {
+                            if body.count >= 2, let name = AdminRequest.name(ofType: body[1]) {
+                                logger.warning("PAM socket: \(name) belongs on the admin socket; closing")
+                                replyContinuation.yield(.reply(.error("\(name) is not taken on the PAM socket")))
+                            } else {
+                                replyContinuation.yield(.reply(.error("malformed request: \(error)")))
                             }
+                            break
                         }
-                    case .capturedPassword(let password):
-                        if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
-                        // Wiped in place: the request still holds this storage, so a mutable copy
-                        // would be wiped instead of it.
-                        password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
-                    case .reportOutcome(let verdict, let reason):
-                        if let prompt { await box.report(prompt, verdict, reason: reason) }
-                        replyContinuation.yield(.reply(.ok))
-                    case .openSession(let user, let session, let service, let ticket):
-                        await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
-                        replyContinuation.yield(.reply(.ok))
-                    case .closeSession(let session):
-                        await box.closeSession(sessionID: session)
-                        replyContinuation.yield(.reply(.ok))
+                        if state == .waiting, delivered.withLockedValue({ $0 }) { state = .pushed }
+                        guard let next = state.next(on: request) else {
+                            logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
+                            replyContinuation.yield(.reply(.error("request not allowed now")))
+                            break
+                        }
+                        state = next
+                        switch request {
+                        case .waitForPush(let r):
+                            let (id, reply) = await box.registerPrompt(r, peer: peer)
+                            replyContinuation.yield(.reply(reply))
+                            guard let id else { break requests }
+                            prompt = id
+                            wait = .milliseconds(Int(r.timeoutMilliseconds))
+                        case .cancel:
+                            if let prompt { await box.promptClosed(prompt) }
+                        case .intent:
+                            // Enter at the prompt. A wait for a phone on its way runs beside this read
+                            // loop, so a cancel or a hang-up ends it.
+                            if let prompt {
+                                let wait = wait
+                                group.addTask {
+                                    let answer = await box.take(prompt, wait: wait)
+                                    if answer.pushedUser != nil { delivered.withLockedValue { $0 = true } }
+                                    replyContinuation.yield(.answer(answer))
+                                }
+                            }
+                        case .capturedPassword(let password):
+                            if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
+                            // Wiped in place: the request still holds this storage, so a mutable copy
+                            // would be wiped instead of it.
+                            password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
+                        case .reportOutcome(let verdict, let reason):
+                            if let prompt { await box.report(prompt, verdict, reason: reason) }
+                            replyContinuation.yield(.reply(.ok))
+                        case .openSession(let user, let session, let service, let ticket):
+                            await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
+                            replyContinuation.yield(.reply(.ok))
+                        case .closeSession(let session):
+                            await box.closeSession(sessionID: session)
+                            replyContinuation.yield(.reply(.ok))
+                        }
+                        if state == .done { break requests }
                     }
-                    if state == .done { break requests }
+                } catch {
+                    logger.debug("PAM socket: \(error)")
                 }
                 if let prompt { await box.promptClosed(prompt) }
                 replyContinuation.finish()

@@ -1,0 +1,172 @@
+import BoxkeyCore
+@testable import BoxkeyDaemon
+import BoxkeyPAMWire
+import BoxkeyRadio
+import Foundation
+import Testing
+
+/// `BoxState` on its own: events in, effects out, time given as `now`. No actor, no radio, no
+/// clock and no sleep; the phone is the real protocol value (`PhoneConnection`), its fragments
+/// written straight into the state and the state's notifications read straight back.
+struct BoxStateTests {
+    static let alicesPrompt = PAMRequest.WaitRequest(service: "login", tty: "tty1", display: "", expectedUser: "alice", timeoutMilliseconds: 0)
+
+    /// A box whose registry enrols `phone` for `user`.
+    static func box(enrolling phone: KeyPair, for user: String, configure: (inout DaemonConfig) -> Void = { _ in }) throws -> BoxState {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-state-\(UUID().uuidString.prefix(8))").path
+        var config = DaemonConfig()
+        config.stateDirectory = directory
+        configure(&config)
+        let identity = try BoxIdentity.loadOrCreate(directory: directory, configuredID: BoxID(4821)!)
+        var registry = try PhoneRegistry.load(directory: directory)
+        try registry.enrol(phone.publicKey, user: user, name: "test phone", by: "test")
+        return BoxState(config: config, identity: identity, registry: registry,
+                        escrow: EscrowStore(path: directory + "/escrow.json"), userID: testUsers)
+    }
+
+    /// One phone's link to the state: what it writes goes in as radio events, what the state
+    /// notifies comes back whole.
+    struct Phone {
+        let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:01")!, connection: 1)
+        let mtu = 247
+        let channel = FrameChannel.random()
+        var connection: PhoneConnection
+        var inbox = FrameReassembler()
+
+        init(_ key: KeyPair, at box: BoxState) throws {
+            let advert = try Advertisement.decode(box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+            connection = PhoneConnection(identity: key, boxKey: box.identity.keyPair.publicKey, advertisement: advert)
+        }
+
+        func write(_ envelope: [UInt8], to box: inout BoxState, now: Duration) throws {
+            for fragment in try Framing.fragment(envelope, mtu: mtu, channel: channel) {
+                box.handle(.wrote(id, characteristic: BoxkeyProtocol.requestCharacteristicUUID, value: fragment, mtu: mtu), now: now)
+            }
+        }
+
+        /// The events the state's notifications to this phone carry, in order.
+        mutating func read(_ box: inout BoxState, now: Duration) throws -> [PhoneConnection.Event] {
+            var events: [PhoneConnection.Event] = []
+            for case .radio(.notify(let to, let fragments)) in box.take() where to == id {
+                for fragment in fragments {
+                    if let message = try inbox.receive(fragment, mtu: mtu, now: now) { events.append(try connection.receive(message)) }
+                }
+            }
+            return events
+        }
+
+        /// Connects, subscribes and handshakes.
+        mutating func open(_ box: inout BoxState, now: Duration) throws {
+            box.handle(.connected(id, mtu: mtu), now: now)
+            box.handle(.subscribed(id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+            try write(try connection.start(), to: &box, now: now)
+            #expect(try read(&box, now: now) == [.channelOpen])
+        }
+
+        mutating func push(_ user: String, _ password: String, to box: inout BoxState, now: Duration) throws -> [PhoneConnection.Event] {
+            let push = CredentialPush(user: user, password: SecureBytes(copying: Array(password.utf8)), deviceName: "test phone")
+            try write(try connection.send(.credentialPush(push)), to: &box, now: now)
+            return try read(&box, now: now)
+        }
+    }
+
+    @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        let (prompt, reply) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        guard case .prompt(let boxID, _, _, _) = reply else { Issue.record("no prompt: \(reply)"); return }
+        #expect(boxID == "4821")
+        // The advertisement says a prompt waits.
+        let adverts = box.take().compactMap { effect -> AdvertisingData? in
+            if case .radio(.advertise(let data)) = effect { data } else { nil }
+        }
+        let flags = try adverts.last.map { try Advertisement.decode($0.manufacturerData[BoxkeyProtocol.companyID]!).flags }
+        #expect(flags?.contains(.loginPromptWaiting) == true)
+
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        let heard = try phone.push("alice", "correct horse", to: &box, now: now + .milliseconds(50))
+        guard case .awaitingEnter(let wait)? = heard.first, heard.count == 1 else { Issue.record("heard \(heard)"); return }
+        #expect(wait.seconds == 30)
+
+        // Enter at the prompt: the push, once.
+        guard case .answer(.push(let user, let password, _)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(2)) else {
+            Issue.record("Enter did not get the push"); return
+        }
+        #expect(user == "alice")
+        #expect(password.withUnsafeBytes { Array($0) } == Array("correct horse".utf8))
+        #expect(box.hasPush(prompt))
+        guard case .answer(.noPush(.timedOut)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(3)) else {
+            Issue.record("a second Enter got something"); return
+        }
+    }
+
+    @Test func aPushForAnotherUserIsRefusedAndThePromptStaysOpen() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "mallory")
+        let now = Duration.seconds(100)
+        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        let heard = try phone.push("alice", "guess", to: &box, now: now)
+        guard case .loginResult(let result)? = heard.first else { Issue.record("no answer: \(heard)"); return }
+        #expect(result.outcome == .wrongUser)
+        guard case .answer(.noPush(.nothingYet)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(1)) else {
+            Issue.record("Enter got a push that was refused"); return
+        }
+    }
+
+    @Test func aHeldPushNobodyTakesEndsAtTheEnterWaitAndThePhoneHearsSo() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice") { $0.enterWait = .seconds(20) }
+        let now = Duration.seconds(100)
+        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        _ = try phone.push("alice", "correct horse", to: &box, now: now)
+        #expect(box.nextDeadline == now + .seconds(20))
+        #expect(box.tick(now: now + .seconds(19)).isEmpty)
+        #expect(try phone.read(&box, now: now + .seconds(19)).isEmpty)
+        _ = box.tick(now: now + .seconds(20))
+        let heard = try phone.read(&box, now: now + .seconds(20))
+        guard case .loginResult(let result)? = heard.first else { Issue.record("no answer: \(heard)"); return }
+        #expect(result.outcome == .timedOut)
+        guard case .answer(.noPush(.nothingYet)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(21)) else {
+            Issue.record("Enter after the wait got the old push"); return
+        }
+    }
+
+    @Test func aHandshakeThatNeverComesIsCutAtItsTimeoutAndCountsAgainstItsAddress() throws {
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
+        let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:02")!, connection: 7)
+        let now = Duration.seconds(100)
+        box.handle(.connected(id, mtu: 23), now: now)
+        _ = box.take()
+        #expect(box.nextDeadline == now + box.config.handshakeTimeout)
+        _ = box.tick(now: now + box.config.handshakeTimeout)
+        let hungUp = box.take().contains { if case .radio(.disconnect(let d)) = $0 { d == id } else { false } }
+        #expect(hungUp)
+        #expect(box.failedHandshakes.count(id.address, now: now + box.config.handshakeTimeout) == 1)
+    }
+
+    @Test func aMalformedFragmentEndsTheLinkWithAnAuditLine() throws {
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
+        let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:03")!, connection: 9)
+        let now = Duration.seconds(100)
+        box.handle(.connected(id, mtu: 23), now: now)
+        box.handle(.wrote(id, characteristic: BoxkeyProtocol.requestCharacteristicUUID, value: [0xff], mtu: 23), now: now)
+        let effects = box.take()
+        #expect(effects.contains { if case .radio(.disconnect(let d)) = $0 { d == id } else { false } })
+        #expect(effects.contains { if case .audit(let r) = $0 { r.event == .connectionRefused && r.message.contains("bad fragment") } else { false } })
+        #expect(box.failedHandshakes.count(id.address, now: now) == 1)
+    }
+}
+
+extension BoxState {
+    /// The effects so far, taken (as `Box` takes them after each change).
+    mutating func take() -> [BoxEffect] {
+        defer { effects = [] }
+        return effects
+    }
+}
