@@ -59,7 +59,18 @@ struct FleetService: Service {
         } catch {
             logger.warning("fleet: \(error)")
         }
-        await box.setFleetPublisher(publisher())
+        // Publishing (`[fleet] publish`) runs beside the reads, one phone after another.
+        let (publications, publication) = AsyncStream.makeStream(of: (key: PublicKey, user: String, name: String).self)
+        await box.setFleetPublisher { key, user, name in publication.yield((key, user, name)) }
+        await withDiscardingTaskGroup { group in
+            group.addTask { for await p in publications { await publish(p.key, user: p.user, name: p.name) } }
+            await readUntilShutdown()
+            publication.finish()
+        }
+    }
+
+    /// Reads the directory until shutdown: following its changes, or reading it whole.
+    private func readUntilShutdown() async {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
         defer { pool.shutdownGracefully { _ in } }
@@ -92,23 +103,18 @@ struct FleetService: Service {
     }
 
     /// With `[fleet] publish`: writes a phone enrolled here to its user's entry.
-    private func publisher() -> @Sendable (PublicKey, String, String) -> Void {
-        let directory = directory, logger = logger
-        return { key, user, name in
-            Task {
-                do {
-                    // Only the account getpwnam gives for this exact name (a case-insensitive NSS,
-                    // sssd against AD, gives `alice` for `Alice`), with its uid.
-                    guard let pw = getpwnam(user), String(cString: pw.pointee.pw_name) == user else {
-                        throw FleetDirectory.Failure(description: "this box has no account named exactly \(logSafe(user))")
-                    }
-                    let uid = pw.pointee.pw_uid
-                    try await NIOThreadPool.singleton.runIfActive { try directory.add(key: key, name: name, user: user, localUID: uid) }
-                    logger.notice("fleet: published phone \(key.fingerprint) for \(logSafe(user)) to the directory", metadata: ["audit": "true"])
-                } catch {
-                    logger.error("fleet: could not publish phone \(key.fingerprint) for \(logSafe(user)) to the directory (it is enrolled at this box only): \(error)")
-                }
+    private func publish(_ key: PublicKey, user: String, name: String) async {
+        do {
+            // Only the account getpwnam gives for this exact name (a case-insensitive NSS,
+            // sssd against AD, gives `alice` for `Alice`), with its uid.
+            guard let pw = getpwnam(user), String(cString: pw.pointee.pw_name) == user else {
+                throw FleetDirectory.Failure(description: "this box has no account named exactly \(logSafe(user))")
             }
+            let uid = pw.pointee.pw_uid, directory = directory
+            try await NIOThreadPool.singleton.runIfActive { try directory.add(key: key, name: name, user: user, localUID: uid) }
+            logger.notice("fleet: published phone \(key.fingerprint) for \(logSafe(user)) to the directory", metadata: ["audit": "true"])
+        } catch {
+            logger.error("fleet: could not publish phone \(key.fingerprint) for \(logSafe(user)) to the directory (it is enrolled at this box only): \(error)")
         }
     }
 
@@ -119,12 +125,14 @@ struct FleetService: Service {
             // libldap bounds each wait, not the whole read: a directory that drips bytes can
             // hold it for long. The box says so (status, log) while it waits.
             let box = box, limit = directory.settings.timeout * 4, directory = directory
-            let watchdog = Task {
-                try await Task.sleep(for: limit)
-                await box.fleetReadFailed("no answer from the directory within \(limit.components.seconds) s (still waiting)")
+            let (roster, requests, skipped) = try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    try await Task.sleep(for: limit)
+                    await box.fleetReadFailed("no answer from the directory within \(limit.components.seconds) s (still waiting)")
+                }
+                defer { group.cancelAll() }
+                return try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
             }
-            defer { watchdog.cancel() }
-            let (roster, requests, skipped) = try await NIOThreadPool.singleton.runIfActive { try directory.readRoster() }
             await took(roster, requests: requests, skipped: skipped, since: started, phonesBefore: &phonesBefore, how: "")
             await serveCertificate { try await NIOThreadPool.singleton.runIfActive { try directory.readRevocations() } }
             return directory.settings.refresh

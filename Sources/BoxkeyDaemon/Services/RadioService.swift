@@ -44,34 +44,33 @@ public struct RadioService: Service, CustomStringConvertible {
         await peripheral.stopAdvertising()
     }
 
+    /// Hang-ups run beside the queue: bluetoothd answers Disconnect only once the link is down
+    /// (seconds), and every other phone's answers would wait behind it. What went to this
+    /// phone before is already out.
     private func performActions() async {
-        for await action in box.outbox {
-            switch action {
-            case .notify(let id, let fragments):
-                do {
-                    for fragment in fragments {
-                        try await peripheral.notify(id, characteristic: BoxkeyProtocol.responseCharacteristicUUID, value: fragment)
+        await withDiscardingTaskGroup { hangUps in
+            let peripheral = peripheral
+            func disconnect(_ id: CentralID) { hangUps.addTask { await peripheral.disconnect(id) } }
+            for await action in box.outbox {
+                switch action {
+                case .notify(let id, let fragments):
+                    do {
+                        for fragment in fragments {
+                            try await peripheral.notify(id, characteristic: BoxkeyProtocol.responseCharacteristicUUID, value: fragment)
+                        }
+                    } catch {
+                        logger.info("cannot notify \(id.address): \(error)")
+                        disconnect(id)
                     }
-                } catch {
-                    logger.info("cannot notify \(id.address): \(error)")
+                case .disconnect(let id):
                     disconnect(id)
+                case .advertise(let data):
+                    do { try await peripheral.advertise(data) } catch { logger.error("advertising failed: \(error)") }
+                case .setInfo(let value):
+                    await peripheral.setValue(value, of: BoxkeyProtocol.infoCharacteristicUUID)
                 }
-            case .disconnect(let id):
-                disconnect(id)
-            case .advertise(let data):
-                do { try await peripheral.advertise(data) } catch { logger.error("advertising failed: \(error)") }
-            case .setInfo(let value):
-                await peripheral.setValue(value, of: BoxkeyProtocol.infoCharacteristicUUID)
             }
         }
-    }
-
-    /// Hangs up without holding the queue: bluetoothd answers Disconnect only once the link
-    /// is down (seconds), and every other phone's answers wait behind a queued action. What
-    /// went to this phone before is already out.
-    private func disconnect(_ id: CentralID) {
-        let peripheral = peripheral
-        Task { await peripheral.disconnect(id) }
     }
 
     /// The box's queued work (`BoxWork`), each job beside the others: a lock waiting on logind
