@@ -137,6 +137,28 @@ struct BoxStateTests {
         }
     }
 
+    @Test func anAcceptedLoginOfAPhoneRevokedMeanwhileEarnsNothing() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        _ = try phone.push("alice", "correct horse", to: &box, now: now)
+        _ = box.enter(prompt, wait: .seconds(10), now: now + .seconds(1))
+        let delivered = try #require(box.prompts[prompt])
+        let verifying = try #require(delivered.verifying)
+        // Revoked while the stack verified the password; then the stack says yes.
+        _ = try box.registry.revoke(fingerprint: key.publicKey.fingerprint)
+        box.prompts.remove(prompt)
+        box.settle(.accepted, reason: "", of: delivered, verifying, who: "alice's phone", now: now + .seconds(2))
+        let heard = try phone.read(&box, now: now + .seconds(2))
+        guard case .loginResult(let result)? = heard.first else { Issue.record("no answer: \(heard)"); return }
+        #expect(result.outcome == .rejected)
+        #expect(box.presences.isEmpty)
+        #expect(box.registered.entries.isEmpty)
+    }
+
     @Test func aHandshakeThatNeverComesIsCutAtItsTimeoutAndCountsAgainstItsAddress() throws {
         var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
         let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:02")!, connection: 7)

@@ -42,34 +42,7 @@ extension Box {
                 verdict = .acceptedOther
             }
         }
-        let now = clock.now
-        if verdict == .accepted, state.registry.isRevoked(v.phone)
-            || (!state.enrolledUsers(of: v.phone).contains(v.user) && state.enrolment.pendingEnrolment(of: v.phone, now: now) == nil) {
-            // Revoked while the stack or the box's own check ran: no credit, no presence link.
-            audit.audit(.notice, .loginRejected, "login completed, but phone \(v.phone.fingerprint) was revoked meanwhile: \(who); no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
-            _ = state.registered.redeem(v.ticket, user: v.user, now: now)
-            state.finishLogin(on: v.link, LoginResult(.rejected, reason: "this phone was revoked at box \(identity.boxID)"), now: now)
-            return
-        }
-        switch verdict {
-        case .accepted:
-            audit.audit(.info, .loginAccepted, "login accepted: \(who)", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
-            // A locker in the user's own session: that session is the one this push unlocked.
-            let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
-            state.credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: prompt.request.service, now: now)
-            state.finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
-            state.readvertise()
-        case .acceptedOther:
-            audit.audit(.notice, .loginRejected, "login completed without the phone's password: \(who); the phone gets no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
-            _ = state.registered.redeem(v.ticket, user: v.user, now: now)
-            state.recordRejection(v.phone, user: v.user, now: now)
-            state.finishLogin(on: v.link, LoginResult(.rejected, reason: "the box logged in with a password typed at the keyboard, not the one this phone pushed"), now: now)
-        case .rejected:
-            _ = state.registered.redeem(v.ticket, user: v.user, now: now)
-            state.recordRejection(v.phone, user: v.user, now: now)
-            audit.audit(.notice, .loginRejected, "login rejected: \(who): \(logSafe(reason))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
-            state.finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
-        }
+        state.settle(verdict, reason: reason, of: prompt, v, who: who, now: clock.now)
     }
 
     /// The module's copy of the password typed at an escrow capture prompt (before its report).

@@ -1,136 +1,154 @@
 import BoxkeyCore
+import BoxkeyPAMWire
 import BoxkeyRadio
 
 /// Logins: a push checked against the phone's enrolment, the user's mode and the prompts; an
 /// offer placed at a prompt; what an accepted login earns and a rejected one costs.
 extension BoxState {
+    /// A refused push: the audit line's subject ("push", "key login") and why, and what the
+    /// phone hears.
+    struct LoginRefusal {
+        var what = "push"
+        var why: String
+        var result: LoginResult
+    }
+
     mutating func startLogin(_ push: CredentialPush, from id: CentralID, now: Duration) {
         guard let phone = links[id]?.connection.phoneKey else { return }
         let user = push.user
         let who = "phone \(phone.fingerprint) (\(logSafe(push.deviceName))) user \(logSafe(user))"
-        let enrolledFor = enrolledUsers(of: phone)
-        let pending = enrolment.pendingEnrolment(of: phone, now: now)
-        guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user) && mayEnrol(user)) else {
-            audit(.notice, .pushRefused, "refused push: \(who): this phone is not enrolled for that user", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
-            return
+        func refuse(_ r: LoginRefusal, service: String? = nil) {
+            audit(.notice, .pushRefused, "refused \(r.what): \(who): \(r.why)", phone: phone.fingerprint, user: user, service: service)
+            finishLogin(on: id, r.result, now: now)
         }
-        // The mode the push is for must be the user's: a key or escrow login goes only where the
-        // box put the user in that mode, and a password pushed for a key or escrow user is refused
-        // (those modes exist so that the phone holds no password).
-        let kind = push.kind
-        let sent: DaemonConfig.LoginMode = switch kind { case .password: .password; case .key: .key; case .escrow: .escrow }
-        let mode = config.loginMode(for: user)
-        // A key or escrow login has no password the box could check a pending phone by.
-        guard sent == .password || enrolledFor.contains(user) else {
-            audit(.notice, .pushRefused, "refused \(sent) login: \(who): a \(sent) login needs a phone enrolled for that user", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)"), now: now)
-            return
-        }
-        guard sent == mode else {
-            audit(.notice, .pushRefused, "refused \(sent) login: \(who): the box is in \(mode) mode for this user", phone: phone.fingerprint, user: user)
-            let reason = sent == .password
-                ? "box \(identity.boxID) is in \(mode) mode for \(user): the phone must not hold the password (boxkey credentials set --\(mode == .key ? "key-only" : "escrow"))"
-                : "box \(identity.boxID) does not take \(sent) logins for \(user) (it is in \(mode) mode)"
-            finishLogin(on: id, LoginResult(.rejected, reason: reason), now: now)
-            return
-        }
-        if rejectedByUser.isLimited(user, now: now) {
-            audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes for this user", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"), now: now)
-            return
-        }
-        if !enrolledFor.contains(user), rejectedNewPhones.isLimited(BoxState.newPhones, now: now) {
-            audit(.notice, .pushRefused, "refused push: \(who): too many rejected pushes from new phones at this box", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.rejected, reason: "too many rejected pushes from new phones at box \(identity.boxID); try later"), now: now)
-            return
-        }
+        if let refusal = loginRefusal(push, from: phone, now: now) { return refuse(refusal) }
+        let sent = push.kind.mode
         switch prompts.choose(for: user) {
-        case .prompt(let promptID) where kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
+        case .prompt(let promptID) where push.kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
             let service = prompts[promptID]!.request.service
-            audit(.notice, .pushRefused, "refused key login: \(who): \(logSafe(service)) does not take key logins ([login] key_services)", phone: phone.fingerprint, user: user, service: service)
-            finishLogin(on: id, LoginResult(.rejected, reason: "the box's \(service) prompt does not take key logins"), now: now)
-        case .none where config.logindUnlock && kind != .password:
+            refuse(LoginRefusal(what: "key login", why: "\(logSafe(service)) does not take key logins ([login] key_services)",
+                                result: LoginResult(.rejected, reason: "the box's \(service) prompt does not take key logins")), service: service)
+        case .none where config.logindUnlock && push.kind != .password:
             // Unlocking through logind checks a pushed password with the box's own service; key
             // and escrow logins go to prompts only.
-            audit(.notice, .pushRefused, "refused \(sent) login: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
+            refuse(LoginRefusal(what: "\(sent) login", why: "box is not at a login prompt",
+                                result: LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt")))
         case .none where config.logindUnlock:
             links[id]?.prompt = nil
             emit(.work(.unlockThroughLogind(push, phone: phone, link: id)))
         case .none:
-            audit(.notice, .pushRefused, "refused push: \(who): box is not at a login prompt", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt"), now: now)
+            refuse(LoginRefusal(why: "box is not at a login prompt", result: LoginResult(.notAtPrompt, reason: "box \(identity.boxID) is not at a login prompt")))
         case .otherUser:
-            audit(.notice, .pushRefused, "refused push: \(who): the waiting prompt is for another user", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.wrongUser, reason: "the box's prompt is for another user"), now: now)
+            refuse(LoginRefusal(why: "the waiting prompt is for another user", result: LoginResult(.wrongUser, reason: "the box's prompt is for another user")))
         case .namesNobody:
-            audit(.notice, .pushRefused, "refused push: \(who): the waiting prompt names no user yet", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.notAtPrompt, reason: "the box's prompt names no user yet: type \(user) there first"), now: now)
+            refuse(LoginRefusal(why: "the waiting prompt names no user yet",
+                                result: LoginResult(.notAtPrompt, reason: "the box's prompt names no user yet: type \(user) there first")))
         case .ambiguous(let candidates):
-            audit(.notice, .pushRefused, "refused push: \(who): more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength))), now: now)
+            refuse(LoginRefusal(why: "more than one prompt could take it (\(candidates.map(logSafe).joined(separator: "; ")))",
+                                result: LoginResult(.ambiguousPrompt, reason: String("more than one prompt could take this push: \(candidates.joined(separator: "; "))".prefix(LoginResult.maxReasonLength)))))
         case .prompt(let promptID) where prompts[promptID]!.offer.map { !($0.link == id && $0.user == user && $0.intent) } ?? false:
             // The person was asked about another phone (or has not answered yet): this prompt is not
             // free for any other push.
-            audit(.notice, .pushRefused, "refused push: \(who): the prompt shows another phone's proximity offer", phone: phone.fingerprint, user: user)
-            finishLogin(on: id, LoginResult(.ambiguousPrompt, reason: "the box's prompt is showing another phone's offer"), now: now)
+            refuse(LoginRefusal(why: "the prompt shows another phone's proximity offer",
+                                result: LoginResult(.ambiguousPrompt, reason: "the box's prompt is showing another phone's offer")))
         case .prompt(let promptID):
-            // Escrow: the sealed copy opens with the phone's secret, or the person types the
-            // password at this prompt to make one.
-            var password = push.password
-            var escrowUse: PromptTable.Escrow?
-            if kind == .escrow, let secret = push.escrowSecret {
-                if let sealed = escrow.sealed(phone: phone, user: user) {
-                    do {
-                        password = try EscrowSeal.open(sealed, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: phone, user: user)
-                        escrowUse = .opened(password: password)
-                    } catch {
-                        // Not this phone's secret any more (the phone set a new one): the copy is useless.
-                        try? escrow.destroy(phone: phone.fingerprint, user: user)
-                        recordRejection(phone, user: user, now: now)
-                        audit(.notice, .pushRefused, "refused escrow login: \(who): the sealed password does not open with the phone's secret; destroyed it", phone: phone.fingerprint, user: user)
-                        finishLogin(on: id, LoginResult(.rejected, reason: "the box's sealed copy does not open with this phone's secret: log in again with the password typed at the box, this phone near"), now: now)
-                        return
-                    }
-                } else {
-                    escrowUse = .capture(secret: secret)
-                }
-            }
-            let ticket = registered.issueTicket(phone: phone, user: user, now: now)
-            prompts[promptID]!.waiting = false
-            let pendingPassword = enrolledFor.contains(user) ? nil : push.password
-            prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, escrow: escrowUse, user: user,
-                                                 name: push.deviceName, ticket: ticket)
-            links[id]?.prompt = promptID
-            let attempt = switch (kind, escrowUse) {
-            case (.password, _): "login"
-            case (.escrow, .capture?): "escrow capture"
-            default: "\(sent) login"
-            }
-            audit(.info, .loginAttempt, "\(attempt) attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
-            let answer: PromptAnswer = switch (kind, escrowUse) {
-            case (.key, _): .keyLogin(user: user, ticket: ticket)
-            case (.escrow, .capture?): .escrowCapture(user: user, ticket: ticket)
-            default: .push(user: user, password: password, ticket: ticket)
-            }
-            if let offer = prompts[promptID]!.offer, offer.intent, offer.link == id, prompts[promptID]!.entered, waiting.contains(promptID) {
-                // Enter was pressed at this phone's offer: its push is what the person asked for.
-                deliver(answer, to: promptID, now: now)
-            } else {
-                // The module is inside the program's password prompt: the push waits for Enter
-                // there, and the phone hears where.
-                prompts[promptID]!.held = answer
-                prompts[promptID]!.deadline = now + config.enterWait
-                let place = prompts[promptID]!.description
-                log(.info, "push held at \(logSafe(place)) (pid \(prompts[promptID]!.pid)): waiting \(config.enterWait.components.seconds) s for Enter there")
-                guard var connection = links[id]?.connection else { return }
-                let output = connection.holdLogin(EnterWait(seconds: UInt16(clamping: config.enterWait.components.seconds), place: place))
-                links[id]?.connection = connection
-                perform(output, for: id, now: now)
-            }
-            readvertise()
+            placeLogin(push, from: id, phone: phone, at: promptID, who: who, now: now)
         }
+    }
+
+    /// Why `phone` may not log `push.user` in at all, wherever the prompt: not enrolled for the
+    /// user (nor pending for them), a mode that is not the user's, a spent rejection budget.
+    mutating func loginRefusal(_ push: CredentialPush, from phone: PublicKey, now: Duration) -> LoginRefusal? {
+        let user = push.user
+        let enrolledFor = enrolledUsers(of: phone)
+        let notEnrolled = LoginResult(.wrongUser, reason: "this phone is not enrolled for \(user) at box \(identity.boxID)")
+        let pending = enrolment.pendingEnrolment(of: phone, now: now)
+        guard enrolledFor.contains(user) || (pending != nil && (pending!.user == nil || pending!.user == user) && mayEnrol(user)) else {
+            return LoginRefusal(why: "this phone is not enrolled for that user", result: notEnrolled)
+        }
+        // The mode the push is for must be the user's: a key or escrow login goes only where the
+        // box put the user in that mode, and a password pushed for a key or escrow user is refused
+        // (those modes exist so that the phone holds no password).
+        let sent = push.kind.mode
+        let mode = config.loginMode(for: user)
+        // A key or escrow login has no password the box could check a pending phone by.
+        guard sent == .password || enrolledFor.contains(user) else {
+            return LoginRefusal(what: "\(sent) login", why: "a \(sent) login needs a phone enrolled for that user", result: notEnrolled)
+        }
+        guard sent == mode else {
+            let reason = sent == .password
+                ? "box \(identity.boxID) is in \(mode) mode for \(user): the phone must not hold the password (boxkey credentials set --\(mode == .key ? "key-only" : "escrow"))"
+                : "box \(identity.boxID) does not take \(sent) logins for \(user) (it is in \(mode) mode)"
+            return LoginRefusal(what: "\(sent) login", why: "the box is in \(mode) mode for this user", result: LoginResult(.rejected, reason: reason))
+        }
+        if rejectedByUser.isLimited(user, now: now) {
+            return LoginRefusal(why: "too many rejected pushes for this user", result: LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"))
+        }
+        if !enrolledFor.contains(user), rejectedNewPhones.isLimited(BoxState.newPhones, now: now) {
+            return LoginRefusal(why: "too many rejected pushes from new phones at this box",
+                                result: LoginResult(.rejected, reason: "too many rejected pushes from new phones at box \(identity.boxID); try later"))
+        }
+        return nil
+    }
+
+    /// The push goes to the one prompt that may take it: held there until Enter, or delivered at
+    /// once if Enter was already pressed at this phone's offer. Escrow: the sealed copy opens
+    /// with the phone's secret, or the person types the password at this prompt to make one.
+    mutating func placeLogin(_ push: CredentialPush, from id: CentralID, phone: PublicKey, at promptID: UInt64, who: String, now: Duration) {
+        let user = push.user, kind = push.kind, sent = push.kind.mode
+        let enrolledFor = enrolledUsers(of: phone)
+        var password = push.password
+        var escrowUse: PromptTable.Escrow?
+        if kind == .escrow, let secret = push.escrowSecret {
+            if let sealed = escrow.sealed(phone: phone, user: user) {
+                do {
+                    password = try EscrowSeal.open(sealed, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: phone, user: user)
+                    escrowUse = .opened(password: password)
+                } catch {
+                    // Not this phone's secret any more (the phone set a new one): the copy is useless.
+                    try? escrow.destroy(phone: phone.fingerprint, user: user)
+                    recordRejection(phone, user: user, now: now)
+                    audit(.notice, .pushRefused, "refused escrow login: \(who): the sealed password does not open with the phone's secret; destroyed it", phone: phone.fingerprint, user: user)
+                    finishLogin(on: id, LoginResult(.rejected, reason: "the box's sealed copy does not open with this phone's secret: log in again with the password typed at the box, this phone near"), now: now)
+                    return
+                }
+            } else {
+                escrowUse = .capture(secret: secret)
+            }
+        }
+        let ticket = registered.issueTicket(phone: phone, user: user, now: now)
+        prompts[promptID]!.waiting = false
+        let pendingPassword = enrolledFor.contains(user) ? nil : push.password
+        prompts[promptID]!.verifying = .init(link: id, phone: phone, pendingPassword: pendingPassword, escrow: escrowUse, user: user,
+                                             name: push.deviceName, ticket: ticket)
+        links[id]?.prompt = promptID
+        let attempt = switch (kind, escrowUse) {
+        case (.password, _): "login"
+        case (.escrow, .capture?): "escrow capture"
+        default: "\(sent) login"
+        }
+        audit(.info, .loginAttempt, "\(attempt) attempt: \(who) into \(logSafe(prompts[promptID]!.description))", phone: phone.fingerprint, user: user, service: prompts[promptID]!.request.service)
+        let answer: PromptAnswer = switch (kind, escrowUse) {
+        case (.key, _): .keyLogin(user: user, ticket: ticket)
+        case (.escrow, .capture?): .escrowCapture(user: user, ticket: ticket)
+        default: .push(user: user, password: password, ticket: ticket)
+        }
+        if let offer = prompts[promptID]!.offer, offer.intent, offer.link == id, prompts[promptID]!.entered, waiting.contains(promptID) {
+            // Enter was pressed at this phone's offer: its push is what the person asked for.
+            deliver(answer, to: promptID, now: now)
+        } else {
+            // The module is inside the program's password prompt: the push waits for Enter
+            // there, and the phone hears where.
+            prompts[promptID]!.held = answer
+            prompts[promptID]!.deadline = now + config.enterWait
+            let place = prompts[promptID]!.description
+            log(.info, "push held at \(logSafe(place)) (pid \(prompts[promptID]!.pid)): waiting \(config.enterWait.components.seconds) s for Enter there")
+            guard var connection = links[id]?.connection else { return }
+            let output = connection.holdLogin(EnterWait(seconds: UInt16(clamping: config.enterWait.components.seconds), place: place))
+            links[id]?.connection = connection
+            perform(output, for: id, now: now)
+        }
+        readvertise()
     }
 
     /// Hands a push to the module at `promptID` (Enter was pressed): the stack verifies it now.
@@ -310,4 +328,48 @@ extension BoxState {
               lockThreshold: config.rssiLockThreshold, returnThreshold: config.rssiReturnThreshold, awayAfter: config.awayAfter)
     }
 
+    /// The PAM stack's verdict on a push at `prompt`, once the box's own checks ran: credit
+    /// for the phone only if the stack accepted the password it pushed and the phone is still
+    /// enrolled (or pending) for the user.
+    mutating func settle(_ verdict: PAMRequest.Verdict, reason: String, of prompt: PromptTable.Prompt, _ v: PromptTable.Verifying,
+                         who: String, now: Duration) {
+        if verdict == .accepted, registry.isRevoked(v.phone)
+            || (!enrolledUsers(of: v.phone).contains(v.user) && enrolment.pendingEnrolment(of: v.phone, now: now) == nil) {
+            // Revoked while the stack or the box's own check ran: no credit, no presence link.
+            audit(.notice, .loginRejected, "login completed, but phone \(v.phone.fingerprint) was revoked meanwhile: \(who); no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: "this phone was revoked at box \(identity.boxID)"), now: now)
+            return
+        }
+        switch verdict {
+        case .accepted:
+            audit(.info, .loginAccepted, "login accepted: \(who)", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            // A locker in the user's own session: that session is the one this push unlocked.
+            let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
+            credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: prompt.request.service, now: now)
+            finishLogin(on: v.link, LoginResult(.accepted, reason: String(prompt.description.prefix(LoginResult.maxReasonLength))), now: now)
+            readvertise()
+        case .acceptedOther:
+            audit(.notice, .loginRejected, "login completed without the phone's password: \(who); the phone gets no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
+            recordRejection(v.phone, user: v.user, now: now)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: "the box logged in with a password typed at the keyboard, not the one this phone pushed"), now: now)
+        case .rejected:
+            _ = registered.redeem(v.ticket, user: v.user, now: now)
+            recordRejection(v.phone, user: v.user, now: now)
+            audit(.notice, .loginRejected, "login rejected: \(who): \(logSafe(reason))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
+            finishLogin(on: v.link, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)
+        }
+    }
+}
+
+extension CredentialPush.Kind {
+    /// The login mode a push of this kind is for.
+    var mode: DaemonConfig.LoginMode {
+        switch self {
+        case .password: .password
+        case .key: .key
+        case .escrow: .escrow
+        }
+    }
 }
