@@ -86,6 +86,8 @@ public actor Box {
     }
     public nonisolated let identity: BoxIdentity
     let sessions: any SessionControl
+    /// Lock and logout through logind, for `Box+Sessions`.
+    let actions: SessionActions
     let clock: any RadioClock
     let logger: Logger
     let audit: Logger
@@ -131,6 +133,7 @@ public actor Box {
         var audit = logger
         audit[metadataKey: "audit"] = "true"
         self.audit = audit
+        actions = SessionActions(sessions: sessions, clock: clock, audit: audit, logger: logger, userID: userID)
         self.radioDescription = radioDescription
         self.radioAttached = radioAttached
         (outbox, outboxContinuation) = AsyncStream.makeStream(of: RadioAction.self)
