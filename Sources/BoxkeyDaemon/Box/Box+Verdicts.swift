@@ -46,49 +46,17 @@ extension Box {
     }
 
     /// The module's copy of the password typed at an escrow capture prompt (before its report).
-    public func captured(_ id: UInt64, password: SecureBytes) {
-        guard case .capture? = state.prompts[id]?.verifying?.escrow else { return }
-        state.prompts[id]!.verifying!.captured = password
-    }
+    public func captured(_ id: UInt64, password: SecureBytes) { state.captured(id, password: password) }
 
-    /// An escrow capture ended: the person typed the password with the phone present. Sealed
-    /// only when the stack accepted the login and the box's own service confirms the typed
-    /// password is the user's; then the phone gets the login's credit.
+    /// An escrow capture ended: the box's own service checks the typed password (when the
+    /// stack accepted the login with one), then the state seals it or refuses.
     private func finishCapture(_ prompt: PromptTable.Prompt, _ v: PromptTable.Verifying, secret: SecureBytes,
                                verdict: PAMRequest.Verdict, who: String) async {
-        let service = prompt.request.service
-        func refuse(_ why: String, _ reason: String) {
-            // A failed capture counts like a rejected push: an enrolled phone cannot take over
-            // prompts with "type the password" without limit.
-            state.recordRejection(v.phone, user: v.user, now: clock.now)
-            _ = state.registered.redeem(v.ticket, user: v.user, now: clock.now)
-            audit.audit(.notice, .loginRejected, "not sealing: \(who): \(why)", phone: v.phone.fingerprint, user: v.user, service: service)
-            state.finishLogin(on: v.link, LoginResult(.rejected, reason: reason), now: clock.now)
+        var check: PAMVerifier.Verdict?
+        if verdict != .rejected, let password = v.captured {
+            check = await PAMVerifier(service: state.config.verifyService).verify(user: v.user, password: password)
         }
-        guard verdict != .rejected else { return refuse("the login was not accepted", "the login at the box was not accepted; nothing was sealed") }
-        guard let password = v.captured else {
-            return refuse("the stack accepted the login without a typed password", "the box logged in without a typed password; nothing was sealed")
-        }
-        let check = await PAMVerifier(service: state.config.verifyService).verify(user: v.user, password: password)
-        if case .rejected(let why) = check {
-            return refuse("the box's own check (\(logSafe(state.config.verifyService))) did not confirm the typed password: \(logSafe(why))",
-                          "the box could not confirm the typed password; nothing was sealed")
-        }
-        // Revoked (or unenrolled) while the check ran: nothing is sealed for it.
-        guard state.enrolledUsers(of: v.phone).contains(v.user) else {
-            return refuse("phone \(v.phone.fingerprint) was revoked while the password was checked", "this phone was revoked at box \(identity.boxID); nothing was sealed")
-        }
-        let sealed = EscrowSeal.seal(password: password, secret: secret, boxKey: identity.keyPair.publicKey, phoneKey: v.phone, user: v.user)
-        do { try state.escrow.keep(sealed, phone: v.phone, user: v.user) } catch {
-            logger.error("cannot keep the sealed password: \(error)")
-            return refuse("cannot write the sealed copy (\(error))", "the box could not store the sealed password")
-        }
-        let now = clock.now
-        audit.audit(.notice, .loginAccepted, "login accepted: \(who); the typed password is sealed for this phone (escrow)", phone: v.phone.fingerprint, user: v.user, service: service)
-        let own = prompt.owner.flatMap { $0.sessionClass != "greeter" && $0.user == v.user ? $0 : nil }
-        state.credit(v.phone, user: v.user, name: v.name, on: v.link, session: own, service: service, now: now)
-        state.finishLogin(on: v.link, LoginResult(.accepted, reason: String("\(prompt.description); password sealed for this phone".prefix(LoginResult.maxReasonLength))), now: now)
-        state.readvertise()
+        state.sealCapture(prompt, v, secret: secret, verdict: verdict, check: check, who: who, now: clock.now)
     }
 
     /// No prompt waits, but a screen locker running as the user may: if logind says the user
@@ -135,32 +103,15 @@ extension Box {
         state.readvertise()
     }
 
-    /// `pam_sm_open_session`: registers the session only if logind says it is a local session
-    /// of that user's uid; the ticket binds it to the phone whose push opened it.
+    /// `pam_sm_open_session`: logind's record of the session, for the state to register
+    /// (`BoxState.sessionOpened`).
     public func openSession(user: String, sessionID: String, service: String, ticket: String) async {
-        let what = "session \(logSafe(sessionID)) for \(logSafe(user)) by \(logSafe(service))"
-        guard let uid = uid(of: user) else {
-            audit.audit(.notice, .sessionRefused, "refused to register \(what): no such user", user: user, service: service)
-            return
+        let uid = uid(of: user)
+        var session: Result<LoginSession?, any Error> = .success(nil)
+        if uid != nil {
+            do { session = .success(try await sessions.session(id: sessionID)) } catch { session = .failure(error) }
         }
-        let session: LoginSession?
-        do { session = try await sessions.session(id: sessionID) } catch {
-            audit.audit(.warning, .sessionRefused, "refused to register \(what): logind did not answer (\(error))", user: user, service: service)
-            return
-        }
-        guard let session else { audit.audit(.notice, .sessionRefused, "refused to register \(what): logind does not know it", user: user, service: service); return }
-        guard session.uid == uid else {
-            audit.audit(.warning, .sessionRefused, "refused to register \(what): logind says it belongs to uid \(session.uid), not \(uid)", user: user, service: service)
-            return
-        }
-        guard session.isLocal else {
-            logger.info("not registering \(what): not a local session")
-            return
-        }
-        let phone = state.registered.redeem(ticket, user: user, now: clock.now)
-        state.registered.register(session, service: service, phone: phone)
-        audit.audit(.info, .sessionRegistered, "session \(logSafe(sessionID)) (\(logSafe(user)), \(logSafe(session.place))) registered by \(logSafe(service))\(phone.map { " for phone \($0.fingerprint)" } ?? "")",
-                    phone: phone?.fingerprint, user: user, service: service)
+        state.sessionOpened(session, uid: uid, user: user, sessionID: sessionID, service: service, ticket: ticket, now: clock.now)
     }
 
     public func closeSession(sessionID: String) {

@@ -47,79 +47,72 @@ extension BoxState {
         emit(.publish(phone, user: user, name: name))
     }
 
-}
-
-extension Box {
-    public func setFleetPublisher(_ publisher: @escaping @Sendable (PublicKey, String, String) -> Void) {
-        fleetPublisher = publisher
-    }
-
     /// The roster from the cache file at start: used only while it is fresh.
-    public func fleetCacheLoaded(_ roster: FleetRoster) {
-        state.fleetRoster = roster
-        state.fleetHealth.lastRead = roster.readAt
+    mutating func fleetCacheLoaded(_ roster: FleetRoster) {
+        fleetRoster = roster
+        fleetHealth.lastRead = roster.readAt
     }
 
     /// A new read of the directory. Phones that lost users there lose their links here at once
     /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
-    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) async {
-        let old = state.fleetRoster
-        state.fleetRoster = roster
-        if state.fleetHealth.failingSince != nil {
-            audit.audit(.notice, .fleet, "fleet directory answers again: \(roster.phones.count) phones (it had failed since \(state.fleetHealth.failingSince!.formatted(.iso8601)))")
+    mutating func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) -> [(phone: PublicKey, keeping: [String])] {
+        let old = fleetRoster
+        fleetRoster = roster
+        if fleetHealth.failingSince != nil {
+            audit(.notice, .fleet, "fleet directory answers again: \(roster.phones.count) phones (it had failed since \(fleetHealth.failingSince!.formatted(.iso8601)))")
         }
-        state.fleetHealth.lastRead = roster.readAt
-        state.fleetHealth.lastReadSeconds = seconds
-        state.fleetHealth.lastReadRequests = requests
-        state.fleetHealth.lastError = nil
-        state.fleetHealth.failingSince = nil
-        guard let old else { return }
+        fleetHealth.lastRead = roster.readAt
+        fleetHealth.lastReadSeconds = seconds
+        fleetHealth.lastReadRequests = requests
+        fleetHealth.lastError = nil
+        fleetHealth.failingSince = nil
+        guard let old else { return [] }
+        var lost: [(phone: PublicKey, keeping: [String])] = []
         for (key, users) in roster.lost(since: old) {
             guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { continue }
-            audit.audit(.notice, .revoked, "fleet: phone \(phone.fingerprint) is no longer enrolled for \(users.map(logSafe).joined(separator: ",")) in the directory", phone: phone.fingerprint)
-            let still = state.enrolledUsers(of: phone)
+            audit(.notice, .revoked, "fleet: phone \(phone.fingerprint) is no longer enrolled for \(users.map(logSafe).joined(separator: ",")) in the directory", phone: phone.fingerprint)
+            let still = enrolledUsers(of: phone)
             if still.isEmpty {
                 // Enrolled nowhere now: as a local revocation, its pending enrolment goes, and
                 // so do its sealed passwords (escrow mode).
-                state.enrolment.settle(phone)
-                if let n = try? state.escrow.destroy(phone: phone.fingerprint), n > 0 {
-                    audit.audit(.notice, .revoked, "destroyed \(n) sealed password(s) of phone \(phone.fingerprint), no longer enrolled in the directory", phone: phone.fingerprint)
+                enrolment.settle(phone)
+                if let n = try? escrow.destroy(phone: phone.fingerprint), n > 0 {
+                    audit(.notice, .revoked, "destroyed \(n) sealed password(s) of phone \(phone.fingerprint), no longer enrolled in the directory", phone: phone.fingerprint)
                 }
             }
-            await endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
+            lost.append((phone, still))
         }
+        return lost
     }
 
     /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
     /// read, then fleet phones are refused.
-    public func fleetReadFailed(_ error: String, now: Date = Date()) {
-        if state.fleetHealth.failingSince == nil {
-            let left = state.fleetHealth.lastRead.map { max(0, Double(state.config.fleet?.maxStale.components.seconds ?? 0) - now.timeIntervalSince($0)) }
+    mutating func fleetReadFailed(_ error: String, now: Date = Date()) {
+        if fleetHealth.failingSince == nil {
+            let left = fleetHealth.lastRead.map { max(0, Double(config.fleet?.maxStale.components.seconds ?? 0) - now.timeIntervalSince($0)) }
             let until = left.map { "fleet phones keep working from the last read for \(Int($0)) s more" } ?? "no read of it yet: fleet phones are refused"
-            audit.audit(.warning, .fleet, "cannot read the fleet directory: \(error); \(until); passwords work as always")
-            state.fleetHealth.failingSince = now
+            audit(.warning, .fleet, "cannot read the fleet directory: \(error); \(until); passwords work as always")
+            fleetHealth.failingSince = now
         }
-        state.fleetHealth.lastError = error
+        fleetHealth.lastError = error
     }
 
     func fleetStatus(now: Date = Date()) -> DaemonStatus.Fleet? {
-        guard let fleet = state.config.fleet else { return nil }
-        let age = state.fleetHealth.lastRead.map { Int(now.timeIntervalSince($0)) }
-        return DaemonStatus.Fleet(uri: fleet.uri, phones: state.fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
-                                  fresh: state.fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
-                                  maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: state.fleetHealth.lastError,
+        guard let fleet = config.fleet else { return nil }
+        let age = fleetHealth.lastRead.map { Int(now.timeIntervalSince($0)) }
+        return DaemonStatus.Fleet(uri: fleet.uri, phones: fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
+                                  fresh: fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
+                                  maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: fleetHealth.lastError,
                                   publish: fleet.publish,
-                                  certificate: state.fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
-                                  certificateProblem: state.fleetHealth.certificateProblem)
+                                  certificate: fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
+                                  certificateProblem: fleetHealth.certificateProblem)
     }
-}
 
-extension Box {
     /// This box's fleet certificate and the fleet's revocation list, for Info; phones read it
     /// before taking a box they have not pinned. Checked against this box first: a certificate
     /// for another key or ID is not served; one expired or revoked, or a list missing or
     /// expired, is served (phones refuse it, saying why) and logged as an error here.
-    public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
+    mutating func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
         var problem: String?
         if let c = certificate {
             if c.boxKey != identity.keyPair.publicKey || c.boxID != identity.boxID {
@@ -135,19 +128,45 @@ extension Box {
             }
         }
         let served = certificate.map { "\(String($0.serial, radix: 16)) (valid until \($0.notAfter)) and revocation list \(revocations?.number ?? 0)" }
-        if problem != state.fleetHealth.certificateProblem || served != state.fleetHealth.served {
-            if let problem { audit.audit(.error, .fleet, "fleet: \(problem)") }
-            else if let served { audit.audit(.notice, .fleet, "fleet: serving certificate \(served)") }
-            state.fleetHealth.certificateProblem = problem
-            state.fleetHealth.served = served
+        if problem != fleetHealth.certificateProblem || served != fleetHealth.served {
+            if let problem { audit(.error, .fleet, "fleet: \(problem)") }
+            else if let served { audit(.notice, .fleet, "fleet: serving certificate \(served)") }
+            fleetHealth.certificateProblem = problem
+            fleetHealth.served = served
         }
-        state.fleetHealth.certificate = certificate
+        fleetHealth.certificate = certificate
         var credentials: [UInt8] = []
         if let c = certificate, c.boxKey == identity.keyPair.publicKey, c.boxID == identity.boxID {
             credentials = c.encode() + (revocations?.encode() ?? [])
         }
-        guard credentials != state.fleetCredentials else { return }
-        state.fleetCredentials = credentials
-        outboxContinuation.yield(.setInfo(state.info.encode()))
+        guard credentials != fleetCredentials else { return }
+        fleetCredentials = credentials
+        emit(.radio(.setInfo(info.encode())))
+    }
+}
+
+extension Box {
+    public func setFleetPublisher(_ publisher: @escaping @Sendable (PublicKey, String, String) -> Void) {
+        fleetPublisher = publisher
+    }
+
+    /// The roster from the cache file at start: used only while it is fresh.
+    public func fleetCacheLoaded(_ roster: FleetRoster) { state.fleetCacheLoaded(roster) }
+
+    /// A new read of the directory. Phones that lost users there lose their links here at once
+    /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
+    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) async {
+        for (phone, still) in state.fleetRead(roster, requests: requests, seconds: seconds) {
+            await endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
+        }
+    }
+
+    /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
+    /// read, then fleet phones are refused.
+    public func fleetReadFailed(_ error: String, now: Date = Date()) { state.fleetReadFailed(error, now: now) }
+
+    /// This box's fleet certificate and the fleet's revocation list, for Info.
+    public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
+        state.fleetCertificate(certificate, revocations: revocations, now: now)
     }
 }
