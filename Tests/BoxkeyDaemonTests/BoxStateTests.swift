@@ -159,6 +159,30 @@ struct BoxStateTests {
         #expect(box.registered.entries.isEmpty)
     }
 
+    /// Enter at a proximity offer waits for the phone's push; a wait that ends without the
+    /// box (its task cancelled, nobody reading) leaves no Enter behind: the deadline does not
+    /// stay due, and a push that comes later is held for the next Enter, not delivered.
+    @Test func anEnterWhoseWaitEndedWithoutTheBoxLeavesNothingDue() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice") { $0.proximity = true }
+        let now = Duration.seconds(100)
+        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        try phone.write(try phone.connection.send(.offer(ProximityOffer(user: "alice", deviceName: "test phone"))), to: &box, now: now)
+        _ = try phone.read(&box, now: now)
+        guard case .waitForPush = box.enter(prompt, wait: .seconds(10), now: now + .seconds(1)) else {
+            Issue.record("Enter at the offer did not wait for the phone"); return
+        }
+        #expect(try phone.read(&box, now: now + .seconds(1)) == [.intent])
+        // The wait was never registered (its task was cancelled first): at its deadline the
+        // Enter is over.
+        let deadline = try #require(box.nextDeadline)
+        _ = box.tick(now: deadline)
+        #expect(box.prompts[prompt]?.entered == false)
+        #expect(box.nextDeadline == nil || box.nextDeadline! > deadline)
+    }
+
     @Test func aHandshakeThatNeverComesIsCutAtItsTimeoutAndCountsAgainstItsAddress() throws {
         var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
         let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:02")!, connection: 7)

@@ -2,6 +2,7 @@ import BoxkeyCore
 @testable import BoxkeyDaemon
 import BoxkeySimRadio
 import Logging
+import NIOConcurrencyHelpers
 import Testing
 
 /// `SessionActions` against a recorded logind: no box, no radio, no sleep (a lock's
@@ -45,18 +46,20 @@ struct SessionActionsTests {
         #expect(endable == ["7"])
         let open = await actions.unconfirmedLocks(list + [try await sessions.session(id: "8")!], Self.now)
         #expect(open.map(\.id) == ["7", "8"])
-        #expect(await actions.settle(open, phone: phone, endable: endable, Self.now) == ["7"])
+        let ended = NIOLockedValueBox<[String]>([])
+        await actions.settle(open, phone: phone, endable: endable, Self.now) { id in ended.withLockedValue { $0.append(id) } }
+        #expect(ended.withLockedValue { $0 } == ["7"])
         #expect(sessions.calls.withLockedValue { $0 } == ["lock 7", "terminate 7"])
         // `not_locked = keep`: nothing is ended.
         let keep = SessionActions.Settings(lockConfirm: .zero, notLocked: .keep)
-        #expect(await actions.settle(open, phone: phone, endable: endable, keep).isEmpty)
+        await actions.settle(open, phone: phone, endable: endable, keep) { Issue.record("ended \($0) under keep") }
     }
 
     @Test func attachFindsAnUnlockedLocalSessionOnly() async throws {
         sessions.add(LoginSession(id: "1", uid: 1000, user: "alice", tty: "", type: "x11"))
         try await sessions.lock(session: "1")
-        #expect(await actions.firstWithUnlockedLocalSession(["alice"]) == nil)
+        #expect(await actions.hasUnlockedLocalSession("alice") == false)
         sessions.add(LoginSession(id: "2", uid: 1002, user: "bob", tty: "", type: "x11"))
-        #expect(await actions.firstWithUnlockedLocalSession(["alice", "bob"]) == "bob")
+        #expect(await actions.hasUnlockedLocalSession("bob"))
     }
 }

@@ -72,7 +72,7 @@ struct SessionActions: Sendable {
         // sessions are checked.
         if walkAway { return Locked(outcome: outcome, toSettle: (list, endable)) }
         let open = await unconfirmedLocks(list, settings)
-        _ = await settle(open, phone: phone, endable: [], settings)
+        await settle(open, phone: phone, endable: [], settings)
         return Locked(outcome: open.count == list.count ? .failed : outcome)
     }
 
@@ -110,11 +110,11 @@ struct SessionActions: Sendable {
     }
 
     /// Sessions a lock did not lock: those in `endable` (after a walk-away, the sessions this
-    /// phone opened) are ended unless `not_locked = keep`; every one is said loudly. Returns
-    /// the sessions it ended.
-    func settle(_ open: [LoginSession], phone: PublicKey, endable: Set<String>, _ settings: Settings) async -> [String] {
+    /// phone opened) are ended unless `not_locked = keep`; every one is said loudly. `ended`
+    /// hears of each session ended, at once.
+    func settle(_ open: [LoginSession], phone: PublicKey, endable: Set<String>, _ settings: Settings,
+                ended: @Sendable (String) async -> Void = { _ in }) async {
         let seconds = settings.lockConfirm.components.seconds
-        var ended: [String] = []
         for s in open {
             let what = "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) did not report itself locked \(seconds) s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console, or a desktop without a logind-aware locker"
             guard endable.contains(s.id), settings.notLocked == .logout else {
@@ -124,23 +124,18 @@ struct SessionActions: Sendable {
             }
             do {
                 try await sessions.terminate(session: s.id)
-                ended.append(s.id)
+                await ended(s.id)
                 audit.audit(.notice, .sessionAction, "\(what): ended it ([presence] not_locked = logout)", phone: phone.fingerprint, user: s.user)
             } catch {
                 audit.audit(.error, .sessionAction, "\(what), and ending it failed: \(error); it may still be open", phone: phone.fingerprint, user: s.user)
             }
         }
-        return ended
     }
 
-    /// The first of `users` with a local session logind lists as unlocked (an attach after a
+    /// Whether logind lists a local session of `user` that is not locked (an attach after a
     /// daemon restart forgot the sessions on record).
-    func firstWithUnlockedLocalSession(_ users: [String]) async -> String? {
-        for user in users {
-            guard let uid = userID(user), let live = try? await sessions.sessions(ofUID: uid),
-                  live.contains(where: { $0.isLocal && !$0.locked }) else { continue }
-            return user
-        }
-        return nil
+    func hasUnlockedLocalSession(_ user: String) async -> Bool {
+        guard let uid = userID(user), let live = try? await sessions.sessions(ofUID: uid) else { return false }
+        return live.contains { $0.isLocal && !$0.locked }
     }
 }

@@ -14,9 +14,9 @@ extension Box {
         case .act(let action, let id): await act(action, for: id)
         case .unlockThroughLogind(let push, let phone, let id): await unlockThroughLogind(push, phone: phone, on: id)
         case .settle(let locked, let phone, let endable):
-            let settings = sessionSettings
-            let open = await actions.unconfirmedLocks(locked, settings)
-            for id in await actions.settle(open, phone: phone, endable: endable, settings) { state.registered.close(id) }
+            let open = await actions.unconfirmedLocks(locked, sessionSettings)
+            // `not_locked` as it is now, after the wait (a reload may have changed it).
+            await actions.settle(open, phone: phone, endable: endable, sessionSettings) { await self.closeSession(sessionID: $0) }
         }
     }
 
@@ -55,7 +55,10 @@ extension Box {
                 // record, or (after a daemon restart forgot them) a local one logind lists.
                 var candidate = users.first { !state.lockedUsers.contains($0) && !state.registered.sessions(of: $0).isEmpty }
                 if candidate == nil {
-                    candidate = await actions.firstWithUnlockedLocalSession(users.filter { !state.lockedUsers.contains($0) })
+                    // Each user as the loop reaches them: a walk-away lock may land meanwhile.
+                    for user in users where !state.lockedUsers.contains(user) {
+                        if await actions.hasUnlockedLocalSession(user) { candidate = user; break }
+                    }
                 }
                 if let user = candidate {
                     state.graces[phone] = nil

@@ -93,6 +93,13 @@ extension Box {
             audit.audit(.notice, .loginRejected, "login rejected: \(who) via \(logSafe(state.config.verifyService)): \(logSafe(reason))", phone: phone.fingerprint, user: user, service: state.config.verifyService)
             return finish(LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))))
         }
+        // Revoked (or its pending enrolment gone) while the password was checked: nothing is
+        // unlocked for it.
+        if state.registry.isRevoked(phone)
+            || (!state.enrolledUsers(of: phone).contains(user) && state.enrolment.pendingEnrolment(of: phone, now: now) == nil) {
+            audit.audit(.notice, .loginRejected, "login accepted, but phone \(phone.fingerprint) was revoked meanwhile: \(who); not unlocking \(logSafe(place))", phone: phone.fingerprint, user: user, service: state.config.verifyService)
+            return finish(LoginResult(.rejected, reason: "this phone was revoked at box \(identity.boxID)"))
+        }
         do { try await sessions.unlock(session: session.id) } catch {
             logger.error("logind did not unlock \(logSafe(place)): \(error)")
             return finish(LoginResult(.timedOut, reason: "the password was accepted, but logind did not unlock the session"))

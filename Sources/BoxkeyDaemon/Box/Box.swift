@@ -228,7 +228,7 @@ public actor Box {
         // Cancelled (shutdown, or the PAM connection's task ending), the wait ends at once, from
         // the cancelling thread; the prompt's own state is cleared when the bridge closes it.
         let waiter = PromptWaiter()
-        return await withTaskCancellationHandler {
+        let answer = await withTaskCancellationHandler {
             await withCheckedContinuation { (c: CheckedContinuation<PromptAnswer, Never>) in
                 guard state.prompts[id]?.entered == true, waiter.wait(c) else {
                     c.resume(returning: .noPush(.shuttingDown))
@@ -240,6 +240,14 @@ public actor Box {
         } onCancel: {
             waiter.resume(returning: .noPush(.shuttingDown))
         }
+        // Answered by the cancellation: the Enter is over, and a push the offering phone sends
+        // now finds the prompt as it was before it (held for the next Enter, not delivered to
+        // a wait nobody reads).
+        if Task.isCancelled {
+            waiters[id] = nil
+            state.endWait(id, .shuttingDown)
+        }
+        return answer
     }
 
     /// The module has a delivered push: its next requests are about that push.

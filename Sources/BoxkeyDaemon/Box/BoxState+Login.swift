@@ -269,7 +269,9 @@ extension BoxState {
         try? registry.recordLogin(phone, name: name)
         if let session { registered.register(session, service: service, phone: phone) }
         lockedUsers.remove(user)
-        if links[link] != nil {
+        // A link the box has hung up on (revoked, dropped) holds no presence, even before its
+        // disconnection is reported.
+        if let live = links[link], !live.dropped {
             presences[link] = startedPresence(phone: phone, user: user, now: now)
             graces[phone] = nil
         } else {

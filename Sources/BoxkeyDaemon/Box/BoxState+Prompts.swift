@@ -49,15 +49,17 @@ extension BoxState {
     /// The module has a delivered push: its next requests are about that push.
     func hasPush(_ id: UInt64) -> Bool { prompts[id]?.delivered == true }
 
-    /// Ends an Enter's wait for a phone that did not push; the prompt stays open.
+    /// Ends an Enter's wait for a phone that did not push; the prompt stays open. Also when
+    /// nobody waits any more (the wait's task was cancelled): the Enter is over either way, and
+    /// its deadline must not stay due.
     mutating func endWait(_ id: UInt64, _ reason: PAMReply.NoPushReason) {
-        guard waiting.remove(id) != nil else { return }
+        let waited = waiting.remove(id) != nil
         if prompts[id]?.entered == true {
             prompts[id]!.entered = false
             if prompts[id]!.verifying == nil { prompts[id]!.deadline = nil }
             if let offer = prompts[id]!.offer, offer.intent, prompts[id]!.verifying == nil { prompts[id]!.offer = nil }
         }
-        emit(.answer(prompt: id, .noPush(reason)))
+        if waited { emit(.answer(prompt: id, .noPush(reason))) }
     }
 
     /// A prompt ends before its push was delivered (another took its place, shutdown): what
