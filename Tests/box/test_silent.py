@@ -51,13 +51,18 @@ def admins(box):
 def test_the_prompt_stays_silent_and_as_fast(admins, name):
     cursor = journal_cursor()
     # The same program with the profile off, then on: the module must add nothing a person sees.
-    inside("pam-auth-update", "--package", "--remove", "boxkey")
+    # Off and on take turns, so that a busy moment of the machine (a journal flush, a timer)
+    # falls on both sides rather than on one.
+    bare, runs = [], []
     try:
-        bare = [time_to_prompt(name) for _ in range(3)]
+        for _ in range(3):
+            inside("pam-auth-update", "--package", "--remove", "boxkey")
+            bare.append(time_to_prompt(name))
+            inside("pam-auth-update", "--package", "--enable", "boxkey")
+            runs.append(time_to_prompt(name))
     finally:
         inside("pam-auth-update", "--package", "--enable", "boxkey")
     assert "pam_boxkey.so" in inside("cat", "/etc/pam.d/common-auth").stdout
-    runs = [time_to_prompt(name) for _ in range(3)]
     without = min(took for took, _, _ in bare)
     with_module = min(took for took, _, _ in runs)
     for _, before, outcome in runs:
