@@ -24,6 +24,18 @@ struct BoxStateTests {
                         escrow: EscrowStore(path: directory + "/escrow.json"), userID: testUsers)
     }
 
+    /// A box with a phone enrolled for `user`, alice's prompt open at `now` and the phone's
+    /// channel open.
+    static func atAlicesPrompt(phoneFor user: String = "alice", now: Duration,
+                               configure: (inout DaemonConfig) -> Void = { _ in }) throws -> (box: BoxState, prompt: UInt64, phone: Phone) {
+        let key = KeyPair.generate()
+        var box = try box(enrolling: key, for: user, configure: configure)
+        let (prompt, _) = box.openPrompt(alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        return (box, prompt, phone)
+    }
+
     /// One phone's link to the state: what it writes goes in as radio events, what the state
     /// notifies comes back whole.
     struct Phone {
@@ -103,12 +115,8 @@ struct BoxStateTests {
     }
 
     @Test func aPushForAnotherUserIsRefusedAndThePromptStaysOpen() throws {
-        let key = KeyPair.generate()
-        var box = try Self.box(enrolling: key, for: "mallory")
         let now = Duration.seconds(100)
-        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
-        var phone = try Phone(key, at: box)
-        try phone.open(&box, now: now)
+        var (box, prompt, phone) = try Self.atAlicesPrompt(phoneFor: "mallory", now: now)
         let heard = try phone.push("alice", "guess", to: &box, now: now)
         guard case .loginResult(let result)? = heard.first else { Issue.record("no answer: \(heard)"); return }
         #expect(result.outcome == .wrongUser)
@@ -118,12 +126,8 @@ struct BoxStateTests {
     }
 
     @Test func aHeldPushNobodyTakesEndsAtTheEnterWaitAndThePhoneHearsSo() throws {
-        let key = KeyPair.generate()
-        var box = try Self.box(enrolling: key, for: "alice") { $0.enterWait = .seconds(20) }
         let now = Duration.seconds(100)
-        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
-        var phone = try Phone(key, at: box)
-        try phone.open(&box, now: now)
+        var (box, prompt, phone) = try Self.atAlicesPrompt(now: now) { $0.enterWait = .seconds(20) }
         _ = try phone.push("alice", "correct horse", to: &box, now: now)
         #expect(box.nextDeadline == now + .seconds(20))
         #expect(box.tick(now: now + .seconds(19)).isEmpty)
@@ -138,18 +142,14 @@ struct BoxStateTests {
     }
 
     @Test func anAcceptedLoginOfAPhoneRevokedMeanwhileEarnsNothing() throws {
-        let key = KeyPair.generate()
-        var box = try Self.box(enrolling: key, for: "alice")
         let now = Duration.seconds(100)
-        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
-        var phone = try Phone(key, at: box)
-        try phone.open(&box, now: now)
+        var (box, prompt, phone) = try Self.atAlicesPrompt(now: now)
         _ = try phone.push("alice", "correct horse", to: &box, now: now)
         _ = box.enter(prompt, wait: .seconds(10), now: now + .seconds(1))
         let delivered = try #require(box.prompts[prompt])
         let verifying = try #require(delivered.verifying)
         // Revoked while the stack verified the password; then the stack says yes.
-        _ = try box.registry.revoke(fingerprint: key.publicKey.fingerprint)
+        _ = try box.registry.revoke(fingerprint: verifying.phone.fingerprint)
         box.prompts.remove(prompt)
         box.settle(.accepted, reason: "", of: delivered, verifying, who: "alice's phone", now: now + .seconds(2))
         let heard = try phone.read(&box, now: now + .seconds(2))
@@ -163,12 +163,8 @@ struct BoxStateTests {
     /// box (its task cancelled, nobody reading) leaves no Enter behind: the deadline does not
     /// stay due, and a push that comes later is held for the next Enter, not delivered.
     @Test func anEnterWhoseWaitEndedWithoutTheBoxLeavesNothingDue() throws {
-        let key = KeyPair.generate()
-        var box = try Self.box(enrolling: key, for: "alice") { $0.proximity = true }
         let now = Duration.seconds(100)
-        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
-        var phone = try Phone(key, at: box)
-        try phone.open(&box, now: now)
+        var (box, prompt, phone) = try Self.atAlicesPrompt(now: now) { $0.proximity = true }
         try phone.write(try phone.connection.send(.offer(ProximityOffer(user: "alice", deviceName: "test phone"))), to: &box, now: now)
         _ = try phone.read(&box, now: now)
         guard case .waitForPush = box.enter(prompt, wait: .seconds(10), now: now + .seconds(1)) else {
