@@ -79,10 +79,9 @@ extension Box {
         state.readvertise()
     }
 
-
-    func walkAway(_ away: BoxState.WalkAway) async { await walkAway(phone: away.phone, user: away.user, reason: away.reason) }
-
-    private func walkAway(phone: PublicKey, user: String, reason: String) async {
+    /// The policy's lock or logout for a phone that is gone.
+    func walkAway(_ away: BoxState.WalkAway) async {
+        let (phone, user, reason) = (away.phone, away.user, away.reason)
         let bound = state.registered.sessions(boundTo: phone)
         switch state.config.policy {
         case .lock:
@@ -126,6 +125,6 @@ extension Box {
         }
         guard !away.isEmpty else { return }
         state.readvertise()
-        for user in away { await walkAway(phone: phone, user: user, reason: reason) }
+        for user in away { await walkAway(BoxState.WalkAway(phone: phone, user: user, reason: reason)) }
     }
 }

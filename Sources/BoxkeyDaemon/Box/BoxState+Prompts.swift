@@ -66,19 +66,24 @@ extension BoxState {
     /// waited on it hears so.
     mutating func closePrompt(_ id: UInt64, _ reason: PAMReply.NoPushReason, now: Duration) {
         guard let prompt = prompts[id], !prompt.delivered else { return }
-        withdrawOffer(of: id, "the box's login prompt went away before Enter was pressed", now: now)
-        dropHeld(id, .notAtPrompt, "the box's login prompt went away before Enter was pressed there", now: now)
-        endWait(id, reason)
-        prompts.remove(id)
-        readvertise()
+        endPrompt(id, reason, offerWhy: "the box's login prompt went away before Enter was pressed",
+                  heldWhy: "the box's login prompt went away before Enter was pressed there", now: now)
     }
 
     /// The module is done with a prompt whose push was not delivered (the person typed a
     /// password, cancelled, or its process ended), or its connection closed.
     mutating func promptWentOn(_ id: UInt64, now: Duration) {
-        withdrawOffer(of: id, "the box's login prompt went on without the phone before Enter was pressed", now: now)
-        dropHeld(id, .notAtPrompt, "the box's login prompt went on without the phone (a password was typed there, or it closed) before Enter was pressed", now: now)
-        endWait(id, .timedOut)
+        endPrompt(id, .timedOut, offerWhy: "the box's login prompt went on without the phone before Enter was pressed",
+                  heldWhy: "the box's login prompt went on without the phone (a password was typed there, or it closed) before Enter was pressed",
+                  now: now)
+    }
+
+    /// A prompt ends with nothing delivered: the offer on it is withdrawn and the push held
+    /// there dropped (their phones hear why), and an Enter waiting there is answered.
+    private mutating func endPrompt(_ id: UInt64, _ reason: PAMReply.NoPushReason, offerWhy: String, heldWhy: String, now: Duration) {
+        withdrawOffer(of: id, offerWhy, now: now)
+        dropHeld(id, .notAtPrompt, heldWhy, now: now)
+        endWait(id, reason)
         prompts.remove(id)
         readvertise()
     }
