@@ -187,7 +187,7 @@ struct RadioSupervisor: Service {
                 return try await cancelWhenGracefulShutdown {
                     try await radios.open(config, logger: logger, waiting: { why in
                         logger.warning("waiting for Bluetooth: \(why)")
-                        SystemdNotify.send("STATUS=PAM and admin socket listening; waiting for Bluetooth: \(why)")
+                        readiness.status("PAM and admin socket listening; waiting for Bluetooth: \(why)")
                         said.yield(why)
                     })
                 }
@@ -260,26 +260,35 @@ struct SignalService: Service {
     }
 }
 
-/// Tells systemd the daemon is ready (Type=notify) once every part has said so.
+/// Tells systemd the daemon is ready (Type=notify) once every part has said so, and keeps
+/// systemctl status's line: the last thing said, whichever part said it first.
 public final class Readiness: Sendable {
-    private let remaining: NIOLockedValueBox<Int>
+    private struct Told {
+        var remaining: Int
+        var status = "PAM and admin socket listening"
+    }
+    private let told: NIOLockedValueBox<Told>
     private let logger: Logger
 
     init(parts: Int, logger: Logger) {
-        remaining = NIOLockedValueBox(parts)
+        told = NIOLockedValueBox(Told(remaining: parts))
         self.logger = logger
     }
 
     /// Whether every part said it is ready (READY=1 went to systemd).
-    var isReady: Bool { remaining.withLockedValue { $0 <= 0 } }
+    var isReady: Bool { told.withLockedValue { $0.remaining <= 0 } }
 
     func ready(_ part: String) {
-        let done = remaining.withLockedValue { n -> Bool in n -= 1; return n == 0 }
         logger.debug("\(part) ready")
-        if done {
-            SystemdNotify.send("READY=1\nSTATUS=PAM and admin socket listening")
-            settled()
+        // READY=1 carries the newest status: the radio may have said "waiting for Bluetooth"
+        // before the last socket listened, and that must stay the line systemctl shows.
+        let done = told.withLockedValue { t -> Bool in
+            t.remaining -= 1
+            guard t.remaining == 0 else { return false }
+            SystemdNotify.send("READY=1\nSTATUS=\(t.status)")
+            return true
         }
+        if done { settled() }
     }
 
     /// Start-up is over (the sockets listen, or the radio advertises): the program's pages that
@@ -290,6 +299,12 @@ public final class Readiness: Sendable {
         logger.debug("start-up over: handed back \(released / 1024) KiB of program mappings")
     }
 
-    /// systemctl status's line: what the daemon does or waits for.
-    func status(_ text: String) { SystemdNotify.send("STATUS=\(text)") }
+    /// systemctl status's line: what the daemon does or waits for. Sent under the lock, so two
+    /// parts saying something at once leave systemd the one kept here.
+    func status(_ text: String) {
+        told.withLockedValue { t in
+            t.status = text
+            SystemdNotify.send("STATUS=\(text)")
+        }
+    }
 }
