@@ -126,32 +126,6 @@ import Testing
         }
     }
 
-    @Test(arguments: [
-        // After the channel (which the test adds): index, length, data.
-        ("truncated: a new message before the last ended", [[0, 0, 100] + [UInt8](repeating: 1, count: 13), [0, 0, 10, 1, 2, 3]]),
-        ("oversize declared length", [[0, 0x10, 0x00] + [UInt8](repeating: 1, count: 13)]),
-        ("oversize fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 14)]),
-        ("duplicate fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [1] + [UInt8](repeating: 1, count: 15), [1] + [UInt8](repeating: 1, count: 15)]),
-        ("out of order", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [2] + [UInt8](repeating: 1, count: 15)]),
-        ("continuation first", [[3, 1, 2, 3]]),
-        ("reserved index", [[0x80, 1]]),
-        ("channel only", [[]]),
-        ("garbage envelope", [[0, 0, 5, 7, 7, 7, 7, 7]]),
-    ])
-    func malformedFramesAreRefusedAndTheBoxKeepsServing(_ attack: (String, [[UInt8]])) async throws {
-        let h = try BoxHarness()
-        try await h.run {
-            var raw = try await RawPhone.connect(h, 0x40)
-            try? await raw.write(attack.1.map { raw.channel.bytes + $0 })
-            // The box answers a broken phone with a refusal (or nothing) and disconnects it.
-            if let answer = await raw.receive() {
-                guard case .refusal = try Envelope.decode(answer) else { Issue.record("\(attack.0): \(answer)"); return }
-                #expect(await raw.expectDisconnect())
-            }
-            try await honestLogin(h)
-        }
-    }
-
     /// Notifications reach every subscribed phone, tagged with the connection's channel. A
     /// phone that copies another connection's channel (seen on the air) is hung up on without a
     /// word: anything the box said on that channel would reach the other phone.
@@ -243,4 +217,36 @@ import Testing
 
 extension Envelope {
     var isHandshakeResponse: Bool { if case .handshakeResponse = self { true } else { false } }
+}
+
+/// Broken framing from a phone, one case per kind of break. Each case has a box of its own, so
+/// the cases run side by side.
+@Suite(.timeLimit(.minutes(1))) struct MalformedFrameTests {
+    @Test(arguments: [
+        // After the channel (which the test adds): index, length, data.
+        ("truncated: a new message before the last ended", [[0, 0, 100] + [UInt8](repeating: 1, count: 13), [0, 0, 10, 1, 2, 3]]),
+        ("oversize declared length", [[0, 0x10, 0x00] + [UInt8](repeating: 1, count: 13)]),
+        ("oversize fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 14)]),
+        ("duplicate fragment", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [1] + [UInt8](repeating: 1, count: 15), [1] + [UInt8](repeating: 1, count: 15)]),
+        ("out of order", [[0, 0, 60] + [UInt8](repeating: 1, count: 13), [2] + [UInt8](repeating: 1, count: 15)]),
+        ("continuation first", [[3, 1, 2, 3]]),
+        ("reserved index", [[0x80, 1]]),
+        ("channel only", [[]]),
+        ("garbage envelope", [[0, 0, 5, 7, 7, 7, 7, 7]]),
+    ])
+    func malformedFramesAreRefusedAndTheBoxKeepsServing(_ attack: (String, [[UInt8]])) async throws {
+        // Fragments the box holds (a continuation before its first fragment, a gap) or that the
+        // radio refuses (oversize) end at the handshake timeout: 1 s here, not the default 5.
+        let h = try BoxHarness { $0.handshakeTimeout = .seconds(1) }
+        try await h.run {
+            var raw = try await AttackTests.RawPhone.connect(h, 0x40)
+            try? await raw.write(attack.1.map { raw.channel.bytes + $0 })
+            // The box answers a broken phone with a refusal (or nothing) and disconnects it.
+            if let answer = await raw.receive() {
+                guard case .refusal = try Envelope.decode(answer) else { Issue.record("\(attack.0): \(answer)"); return }
+                #expect(await raw.expectDisconnect())
+            }
+            try await h.honestLogin()
+        }
+    }
 }

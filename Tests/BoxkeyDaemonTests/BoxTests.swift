@@ -146,7 +146,10 @@ struct BoxHarness {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await service.run() }
             group.addTask { try await presence.run() }
-            try await Task.sleep(for: .milliseconds(200))
+            // The body starts once a phone can hear the box (a connect before the first
+            // advertisement would wait out its whole timeout).
+            let listener = air.central(DeviceAddress("00:50:48:00:FF:FF")!, at: 1)
+            _ = try #require(try await findBox(BoxID(4821)!, pinned: box.identity.keyPair.publicKey, radio: listener, timeout: .seconds(5)))
             try await body()
             group.cancelAll()
         }
@@ -158,7 +161,12 @@ struct BoxHarness {
 
 @Suite(.serialized) struct BoxTests {
     @Test func floodingAddressIsCutOffWhileOtherPhonesLogIn() async throws {
-        let h = try BoxHarness { $0.failedHandshakesPerMinute = 3 }
+        // The garbage is a continuation before any first fragment, which the box holds until
+        // the handshake timeout: 1 s here, not the default 5.
+        let h = try BoxHarness {
+            $0.failedHandshakesPerMinute = 3
+            $0.handshakeTimeout = .seconds(1)
+        }
         try await h.run {
             let (_, attacker) = await h.phone(0x66)
             // Garbage instead of a handshake, from one address, until it is cut off.
