@@ -101,7 +101,7 @@ final class BoxUnderTest: @unchecked Sendable {
 
     /// On the in-process air, or with `socketAir` on the air other processes on this machine
     /// join (a `boxkey` process as the phone).
-    init(parameters: SimulationParameters, socketAir: SocketAir? = nil, userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID,
+    init(parameters: SimulationParameters, socketAir: SocketAir? = nil, userID: @escaping @Sendable (String) -> UInt32? = SystemUsers.uid,
          configure: (inout DaemonConfig) -> Void = { _ in }) throws {
         self.parameters = parameters
         air = socketAir?.air ?? SimulatedAir(parameters: parameters, clock: MonotonicClock(), pacing: .realTime)

@@ -203,6 +203,78 @@ struct BoxStateTests {
         #expect(effects.contains { if case .audit(let r) = $0 { r.event == .connectionRefused && r.message.contains("bad fragment") } else { false } })
         #expect(box.failedHandshakes.count(id.address, now: now) == 1)
     }
+
+    /// A push with no prompt open, `[unlock] logind_unlock` on: the phone of a box with no
+    /// prompt, its push sent, and the unlock job the state asked for.
+    static func pushWithNoPrompt(now: Duration) throws -> (box: BoxState, phone: Phone, job: (CredentialPush, PublicKey, CentralID)) {
+        let key = KeyPair.generate()
+        var box = try box(enrolling: key, for: "alice") { $0.logindUnlock = true }
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        let push = CredentialPush(user: "alice", password: SecureBytes(copying: Array("correct horse".utf8)), deviceName: "test phone")
+        try phone.write(try phone.connection.send(.credentialPush(push)), to: &box, now: now)
+        for case .work(.unlockThroughLogind(let push, let phoneKey, let link)) in box.take() { return (box, phone, (push, phoneKey, link)) }
+        Issue.record("no unlock job")
+        throw CancellationError()
+    }
+
+    static let alicesLockedDesktop = LoginSession(id: "7", uid: 1000, user: "alice", tty: "", display: ":0", locked: true, type: "x11")
+
+    @Test func aPushWithNoPromptUnlocksTheOneLockedSessionOnceTheBoxsCheckSaysYes() throws {
+        let now = Duration.seconds(100)
+        var (box, phone, (push, key, link)) = try Self.pushWithNoPrompt(now: now)
+        let uid = box.unlockUID(push, phone: key, on: link, now: now)
+        #expect(uid == 1000)
+        let unlockedElsewhere = LoginSession(id: "8", uid: 1000, user: "alice", tty: "tty3")
+        let target = box.unlockTarget(.success([Self.alicesLockedDesktop, unlockedElsewhere]), push, phone: key, on: link, now: now)
+        let check = try #require(target)
+        #expect(check.user == "alice")
+        let unlocking = box.checked(check, .accepted, now: now + .seconds(1))
+        let session = try #require(unlocking)
+        #expect(session.id == "7")
+        box.unlocked(session, failure: nil, push, phone: key, on: link, now: now + .seconds(1))
+        guard case .loginResult(let result)? = try phone.read(&box, now: now + .seconds(1)).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .accepted)
+        #expect(box.presences[link]?.user == "alice")
+    }
+
+    @Test func twoLockedSessionsAreAmbiguousAndNoPasswordIsChecked() throws {
+        let now = Duration.seconds(100)
+        var (box, phone, (push, key, link)) = try Self.pushWithNoPrompt(now: now)
+        var second = Self.alicesLockedDesktop
+        second.id = "9"
+        second.display = ":1"
+        let target = box.unlockTarget(.success([Self.alicesLockedDesktop, second]), push, phone: key, on: link, now: now)
+        #expect(target == nil)
+        guard case .loginResult(let result)? = try phone.read(&box, now: now).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .ambiguousPrompt)
+    }
+
+    @Test func aPhoneRevokedWhileItsUnlockPasswordWasCheckedUnlocksNothing() throws {
+        let now = Duration.seconds(100)
+        var (box, phone, (push, key, link)) = try Self.pushWithNoPrompt(now: now)
+        let target = box.unlockTarget(.success([Self.alicesLockedDesktop]), push, phone: key, on: link, now: now)
+        let check = try #require(target)
+        _ = try box.registry.revoke(fingerprint: key.fingerprint)
+        let unlocking = box.checked(check, .accepted, now: now + .seconds(1))
+        #expect(unlocking == nil)
+        guard case .loginResult(let result)? = try phone.read(&box, now: now + .seconds(1)).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .rejected)
+        #expect(box.presences.isEmpty)
+    }
+
+    @Test func aRefusedUnlockPasswordCountsAgainstThePhone() throws {
+        let now = Duration.seconds(100)
+        var (box, phone, (push, key, link)) = try Self.pushWithNoPrompt(now: now)
+        let target = box.unlockTarget(.success([Self.alicesLockedDesktop]), push, phone: key, on: link, now: now)
+        let check = try #require(target)
+        let unlocking = box.checked(check, .rejected("Authentication failure"), now: now + .seconds(1))
+        #expect(unlocking == nil)
+        guard case .loginResult(let result)? = try phone.read(&box, now: now + .seconds(1)).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .rejected)
+        let rejections = box.rejectedByPhone.count(key, now: now + .seconds(1))
+        #expect(rejections == 1)
+    }
 }
 
 extension BoxState {

@@ -4,7 +4,7 @@ import Logging
 
 /// What the box asks of logind for a phone: lock and log out sessions, and check afterwards
 /// what a lock did. It holds no box state: it is told which sessions and why, does the calls,
-/// audits each, and says what happened; `Box+Sessions` applies that to `BoxState`.
+/// audits each, and says what happened; `BoxWorker` hands that to `BoxState`.
 struct SessionActions: Sendable {
     let sessions: any SessionControl
     let clock: any RadioClock
@@ -20,7 +20,7 @@ struct SessionActions: Sendable {
 
     /// A lock's outcome; after a walk-away lock, the sessions to check later (`BoxWork.settle`)
     /// and which of them may be ended.
-    struct Locked {
+    struct Locked: Sendable {
         var outcome: ActionResult.Outcome
         var toSettle: (locked: [LoginSession], endable: Set<String>)?
     }

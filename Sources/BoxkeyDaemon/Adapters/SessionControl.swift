@@ -1,3 +1,4 @@
+import BoxkeyPAMWire
 import BoxkeyDBus
 import NIOConcurrencyHelpers
 
@@ -144,4 +145,22 @@ public final class LogindSessionControl: SessionControl {
     }
 
     deinit { connection.withLockedValue { $0?.close() } }
+}
+
+extension SessionControl {
+    /// The logind session of the process that asks for a prompt. A display manager's worker
+    /// that names no terminal, display or host while it authenticates (greetd) has none: it is
+    /// local if its parent, the display manager, runs a greeter in a local greeter session. The
+    /// kernel says who the parent is, logind whose session its children are. A worker that
+    /// names a terminal or a display is judged by them (an XDMCP display is remote whatever its
+    /// siblings).
+    func promptOwner(pid: Int32, _ request: PAMRequest.WaitRequest) async throws -> LoginSession? {
+        if let owner = try await session(ofPID: pid) { return owner }
+        guard request.tty.isEmpty, request.display.isEmpty, request.remoteHost.isEmpty,
+              let parent = ProcessTree.parent(of: pid), parent > 1 else { return nil }
+        for sibling in ProcessTree.children(of: parent) where sibling != pid {
+            if let s = try await session(ofPID: sibling), s.sessionClass == "greeter", s.isLocal { return s }
+        }
+        return nil
+    }
 }

@@ -8,7 +8,7 @@ extension BoxState {
     /// the box; with a user, the phone that proves it is enrolled for that user at once.
     mutating func newPairingCode(user: String, now: Duration) -> AdminReply {
         if !user.isEmpty, uid(of: user) == nil { return .error("no such user: \(user)") }
-        if !user.isEmpty, !mayEnrol(user) { return .error(Box.rootRefusal) }
+        if !user.isEmpty, !mayEnrol(user) { return .error(SystemUsers.rootRefusal) }
         let live = enrolment.mint(user: user.isEmpty ? nil : user, enrolsAtPairing: true, byAdmin: true, now: now)
         audit(.notice, .pairingCode, "pairing code issued by an admin\(user.isEmpty ? "" : " for user \(logSafe(user))")", user: user.isEmpty ? nil : user)
         return .text("Pairing code for box \(identity.boxID): \(live.code) (valid \(config.pairingCodeLifetime.components.seconds) s, \(live.triesLeft) tries)\(user.isEmpty ? "" : "; enrols the phone for \(user)")")
@@ -18,7 +18,7 @@ extension BoxState {
     mutating func enrolPhone(key: String, user: String, name: String) -> AdminReply {
         guard let bytes = unhex(key), let phone = try? PublicKey(bytes) else { return .error("a phone key is 64 hex digits (boxkey status shows it)") }
         guard !user.isEmpty, uid(of: user) != nil else { return .error("no such user: \(user)") }
-        guard mayEnrol(user) else { return .error(Box.rootRefusal) }
+        guard mayEnrol(user) else { return .error(SystemUsers.rootRefusal) }
         do {
             try registry.enrol(phone, user: user, name: name, by: "admin")
             audit(.notice, .enrolled, "enrolled: phone \(phone.fingerprint) for user \(logSafe(user)) by an admin", phone: phone.fingerprint, user: user)
@@ -101,9 +101,9 @@ extension Box {
     public func phoneList() -> String { AdminJSON.encode(state.registry.phones) }
 
     /// Revokes a phone; its live links end, a presence link's as a walk-away does.
-    public func revoke(fingerprint: String) async -> AdminReply {
+    public func revoke(fingerprint: String) -> AdminReply {
         let (reply, phone) = state.revoke(fingerprint: fingerprint)
-        if let phone { await endLinks(of: phone, reason: "phone revoked at this box") }
+        if let phone { state.endLinks(of: phone, reason: "phone revoked at this box") }
         return reply
     }
 

@@ -2,72 +2,15 @@ import BoxkeyCore
 import BoxkeyPAMWire
 import BoxkeyRadio
 import FoundationEssentials
-import Glibc
 import Logging
-import NIOConcurrencyHelpers
-
-/// What Enter at an open prompt receives: the push (password still in secure memory, for the
-/// PAM bridge to write straight into the socket buffer), or why none came.
-public enum PromptAnswer: Sendable {
-    case push(user: String, password: SecureBytes, ticket: String)
-    /// Key mode: no password; the module's `key` line decides.
-    case keyLogin(user: String, ticket: String)
-    /// Escrow mode, no sealed copy yet: the module asks the person for the password, and sends
-    /// it once the stack accepted it.
-    case escrowCapture(user: String, ticket: String)
-    case noPush(PAMReply.NoPushReason)
-
-    /// The pushed user, if a push came.
-    public var pushedUser: String? {
-        switch self {
-        case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
-        case .noPush: nil
-        }
-    }
-}
-
-/// One Enter's wait for a push: answered once, by the box or by the task's cancellation,
-/// whichever comes first (a cancellation may come before the wait has begun).
-final class PromptWaiter: Sendable {
-    private enum Slot {
-        case empty
-        case waiting(CheckedContinuation<PromptAnswer, Never>)
-        case answered
-    }
-    private let slot = NIOLockedValueBox(Slot.empty)
-
-    /// False when already answered (cancelled): the caller answers `c` itself.
-    func wait(_ c: CheckedContinuation<PromptAnswer, Never>) -> Bool {
-        slot.withLockedValue { slot in
-            guard case .empty = slot else { return false }
-            slot = .waiting(c)
-            return true
-        }
-    }
-
-    func resume(returning answer: PromptAnswer) {
-        let waiting: CheckedContinuation<PromptAnswer, Never>? = slot.withLockedValue { slot in
-            defer { slot = .answered }
-            if case .waiting(let c) = slot { return c }
-            return nil
-        }
-        waiting?.resume(returning: answer)
-    }
-}
-
-/// Who is on the other end of a PAM socket connection, from SO_PEERCRED.
-public struct PAMPeer: Sendable {
-    public var pid: Int32
-    public var uid: UInt32
-    public init(pid: Int32, uid: UInt32) { self.pid = pid; self.uid = uid }
-}
 
 /// The box: the one place the radio (phone links), the PAM bridge (prompts), logind and the
 /// admin socket meet. Its decisions are `BoxState`'s, which takes `now` and does no I/O; this
-/// actor holds that state, feeds it events, performs the effects it asks for (notifications,
-/// hang-ups, answers to prompts, audit lines) and runs the steps that wait on the system:
-/// logind's answers (`registerPrompt`, `openSession`, locks in `Box+Sessions`) and the box's
-/// own password check (`Box+Verdicts`).
+/// actor holds that state, feeds it events, and performs the effects it asks for
+/// (notifications, hang-ups, answers to prompts, audit lines, work). Work that waits on logind
+/// or PAM (a lock, a logout, a walk-away, an unlock) runs in `BoxWorker`, which hands each
+/// answer back through `update`; the PAM module's own requests wait here between two decisions
+/// (`registerPrompt` on logind, `report` on the box's password check, `openSession` on logind).
 ///
 /// For every push: the phone is the Noise-authenticated static key, enrolled for the pushed
 /// user; the prompt is the single waiting prompt that may log that user in, in a configured
@@ -86,7 +29,7 @@ public actor Box {
     }
     public nonisolated let identity: BoxIdentity
     let sessions: any SessionControl
-    /// Lock and logout through logind, for `Box+Sessions`.
+    /// Lock and logout through logind, for `BoxWorker`.
     let actions: SessionActions
     let clock: any RadioClock
     let logger: Logger
@@ -95,8 +38,6 @@ public actor Box {
     public internal(set) var radioDescription: String
     /// Whether a radio is there: without one, prompts take no pushes and show no code.
     public internal(set) var radioAttached: Bool
-    /// A user's uid (the system's user database; tests give a table).
-    let userID: @Sendable (String) -> UInt32?
 
     let outbox: AsyncStream<RadioAction>
     let outboxContinuation: AsyncStream<RadioAction>.Continuation
@@ -122,8 +63,7 @@ public actor Box {
 
     public init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, escrow: EscrowStore? = nil, sessions: any SessionControl,
                 clock: any RadioClock, logger: Logger, radioDescription: String, radioAttached: Bool = true,
-                userID: @escaping @Sendable (String) -> UInt32? = Box.systemUserID) {
-        self.userID = userID
+                userID: @escaping @Sendable (String) -> UInt32? = SystemUsers.uid) {
         state = BoxState(config: config, identity: identity, registry: registry,
                          escrow: escrow ?? EscrowStore(path: config.stateDirectory + "/escrow.json"), userID: userID)
         self.identity = identity
@@ -179,45 +119,10 @@ public actor Box {
     /// to a local process (logind), and the answer says what to show: box ID, the box key's
     /// fingerprint in full, and the pairing code.
     public func registerPrompt(_ request: PAMRequest.WaitRequest, peer: PAMPeer) async -> (id: UInt64?, reply: PAMReply) {
-        let what = "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(peer.pid))"
-        guard radioAttached else {
-            audit.audit(.info, .notOffered, "not offering phone login to \(what): \(radioDescription)", service: request.service)
-            return (nil, .notOffered("no radio: \(radioDescription)"))
-        }
-        guard state.config.phoneLoginServices.contains(request.service) else {
-            audit.audit(.info, .notOffered, "not offering phone login to \(what): service not configured for it", service: request.service)
-            return (nil, .notOffered("phone login is not enabled for \(request.service)"))
-        }
-        var owner: LoginSession?
-        do {
-            owner = try await sessions.session(ofPID: peer.pid)
-            if owner == nil, request.tty.isEmpty, request.display.isEmpty, request.remoteHost.isEmpty {
-                // A display manager's worker that names no terminal, display or host while it
-                // authenticates (greetd): local if its parent, the display manager, runs a greeter
-                // in a local greeter session of logind's. The kernel says who the parent is,
-                // logind whose session its children are. A worker that names a terminal or a
-                // display is judged by them (an XDMCP display is remote whatever its siblings).
-                owner = try await greeterBeside(peer.pid)
-            }
-        } catch {
-            audit.audit(.warning, .notOffered, "not offering phone login to \(what): logind did not answer (\(error))", service: request.service)
-            return (nil, .notOffered("logind did not answer"))
-        }
-        if let why = Locality.refusal(request, owner: owner) {
-            audit.audit(.notice, .notOffered, "not offering phone login to \(what): \(why)", service: request.service)
-            return (nil, .notOffered(why))
-        }
-        let opened = state.openPrompt(request, owner: owner, pid: peer.pid, now: clock.now)
-        return (opened.id, opened.reply)
-    }
-
-    /// The local greeter session of one of `pid`'s siblings (its parent's other children).
-    private func greeterBeside(_ pid: Int32) async throws -> LoginSession? {
-        guard let parent = ProcessTree.parent(of: pid), parent > 1 else { return nil }
-        for sibling in ProcessTree.children(of: parent) where sibling != pid {
-            if let s = try await sessions.session(ofPID: sibling), s.sessionClass == "greeter", s.isLocal { return s }
-        }
-        return nil
+        if let refused = state.promptRefusal(request, pid: peer.pid, noRadio: radioAttached ? nil : radioDescription) { return (nil, refused) }
+        let owner: Result<LoginSession?, any Error>
+        do { owner = .success(try await sessions.promptOwner(pid: peer.pid, request)) } catch { owner = .failure(error) }
+        return state.admitPrompt(request, owner: owner, pid: peer.pid, now: clock.now)
     }
 
     /// Enter at prompt `id` with nothing typed: the push held there, at once; the push of the
@@ -268,22 +173,29 @@ public actor Box {
 
     // MARK: - Time
 
-    /// Runs every timeout that is due (handshakes, prompts, grace periods, keepalives).
-    public func tick() async {
+    /// Runs every timeout that is due (handshakes, prompts, grace periods, keepalives). A
+    /// walk-away is queued work (`BoxWorker`): the timers never wait on logind.
+    public func tick() {
         ticking = true
         ticks += 1
         defer { ticking = false }
         let now = clock.now
-        for away in state.tick(now: now) { await walkAway(away) }
+        for away in state.tick(now: now) { state.emit(.work(.walkAway(away))) }
         for id in Array(state.presences.keys) {
-            if let away = state.checkPresence(id, now: now) { await walkAway(away) }
+            if let away = state.checkPresence(id, now: now) { state.emit(.work(.walkAway(away))) }
         }
     }
 
     /// An RSSI reading of a presence link (nil: the read failed, which is no sample).
-    public func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) async {
+    public func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) {
         state.presences[id]?.sample(rssi, now: now)
-        if let away = state.checkPresence(id, now: now) { await walkAway(away) }
+        if let away = state.checkPresence(id, now: now) { state.emit(.work(.walkAway(away))) }
+    }
+
+    /// Hands `BoxWorker` what logind or PAM answered: `body` is a decision of the state's,
+    /// given the time; its effects follow at once.
+    func update<T: Sendable>(_ body: @Sendable (inout BoxState, Duration) -> T) -> T {
+        body(&state, clock.now)
     }
 
     /// The presence links whose RSSI should be read now (`PresenceService`).
@@ -299,23 +211,5 @@ public actor Box {
         outboxContinuation.finish()
         workContinuation.finish()
         doorbell.signal()
-    }
-
-    // MARK: - Users
-
-    nonisolated func uid(of user: String) -> UInt32? { userID(user) }
-
-    static let rootRefusal = "phones are not enrolled for root at this box: log in as yourself and use sudo, or set [enrolment] root = true in boxkeyd.conf"
-
-    /// The name the user database gives for `user` (nil: none), to tell an exact match from a
-    /// case-insensitive one.
-    static func accountName(_ user: String) -> String? {
-        guard let pw = getpwnam(user) else { return nil }
-        return String(cString: pw.pointee.pw_name)
-    }
-
-    public static let systemUserID: @Sendable (String) -> UInt32? = { user in
-        guard let pw = getpwnam(user) else { return nil }
-        return UInt32(pw.pointee.pw_uid)
     }
 }

@@ -106,7 +106,7 @@ extension BoxState {
                     escrowUse = .opened(password: password)
                 } catch {
                     // Not this phone's secret any more (the phone set a new one): the copy is useless.
-                    try? escrow.destroy(phone: phone.fingerprint, user: user)
+                    _ = try? escrow.destroy(phone: phone.fingerprint, user: user)
                     recordRejection(phone, user: user, now: now)
                     audit(.notice, .pushRefused, "refused escrow login: \(who): the sealed password does not open with the phone's secret; destroyed it", phone: phone.fingerprint, user: user)
                     finishLogin(on: id, LoginResult(.rejected, reason: "the box's sealed copy does not open with this phone's secret: log in again with the password typed at the box, this phone near"), now: now)

@@ -5,6 +5,42 @@ import BoxkeyRadio
 /// The prompts the PAM module opens (a new prompt, Enter at one, its end) and the timers:
 /// what is due at `now`, and when the next thing is.
 extension BoxState {
+    /// Whether phone login may be offered at a prompt at all, before logind is asked who asks:
+    /// nil, or the refusal. `noRadio` says why there is no radio, when there is none.
+    mutating func promptRefusal(_ request: PAMRequest.WaitRequest, pid: Int32, noRadio: String?) -> PAMReply? {
+        if let noRadio {
+            audit(.info, .notOffered, "not offering phone login to \(asking(request, pid)): \(noRadio)", service: request.service)
+            return .notOffered("no radio: \(noRadio)")
+        }
+        guard config.phoneLoginServices.contains(request.service) else {
+            audit(.info, .notOffered, "not offering phone login to \(asking(request, pid)): service not configured for it", service: request.service)
+            return .notOffered("phone login is not enabled for \(request.service)")
+        }
+        return nil
+    }
+
+    /// logind said which session the asking process is in (`SessionControl.promptOwner`): the
+    /// prompt opens if that is local (`Locality`).
+    mutating func admitPrompt(_ request: PAMRequest.WaitRequest, owner: Result<LoginSession?, any Error>, pid: Int32,
+                              now: Duration) -> (id: UInt64?, reply: PAMReply) {
+        switch owner {
+        case .failure(let error):
+            audit(.warning, .notOffered, "not offering phone login to \(asking(request, pid)): logind did not answer (\(error))", service: request.service)
+            return (nil, .notOffered("logind did not answer"))
+        case .success(let owner):
+            if let why = Locality.refusal(request, owner: owner) {
+                audit(.notice, .notOffered, "not offering phone login to \(asking(request, pid)): \(why)", service: request.service)
+                return (nil, .notOffered(why))
+            }
+            let opened = openPrompt(request, owner: owner, pid: pid, now: now)
+            return (opened.id, opened.reply)
+        }
+    }
+
+    private func asking(_ request: PAMRequest.WaitRequest, _ pid: Int32) -> String {
+        "\(logSafe(request.service))\(request.tty.isEmpty ? "" : " on \(logSafe(request.tty))") (pid \(pid))"
+    }
+
     /// A prompt logind called local opens: the prompts it replaces close, the advertisement
     /// says a prompt waits, and the module hears what to show.
     mutating func openPrompt(_ request: PAMRequest.WaitRequest, owner: LoginSession?, pid: Int32, now: Duration) -> (id: UInt64, reply: PAMReply) {

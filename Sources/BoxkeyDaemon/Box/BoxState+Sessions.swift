@@ -1,5 +1,6 @@
 import BoxkeyCore
 import BoxkeyPAMWire
+import BoxkeyRadio
 
 /// What the box decides once PAM or logind has answered: an escrow capture sealed or refused,
 /// a session the PAM stack opened registered or refused.
@@ -78,5 +79,128 @@ extension BoxState {
         registered.register(session, service: service, phone: phone)
         audit(.info, .sessionRegistered, "session \(logSafe(sessionID)) (\(logSafe(user)), \(logSafe(session.place))) registered by \(logSafe(service))\(phone.map { " for phone \($0.fingerprint)" } ?? "")",
               phone: phone?.fingerprint, user: user, service: service)
+    }
+
+    // MARK: - Lock, logout, attach, walk-away
+
+    /// What a phone's lock, logout or attach acts on, decided before logind is asked
+    /// (`BoxWorker` asks it, then hands the outcome to `acted`).
+    enum ActionPlan: Sendable {
+        /// Lock the targets; when unsure which session, all of the users' local ones.
+        case lock([LoginSession], users: [String], phone: PublicKey)
+        case logout([LoginSession], phone: PublicKey)
+        /// Attach to the first user with an unlocked session; `candidate` is one on record.
+        case attach(users: [String], phone: PublicKey, candidate: String?)
+        /// Nothing for logind to do: the phone hears `outcome` now.
+        case answer(ActionResult.Outcome)
+    }
+
+    /// A phone asked for a lock, logout or attach on link `id` (nil: the link is gone).
+    mutating func actionPlan(_ action: ActionResult.Action, on id: CentralID) -> ActionPlan? {
+        guard let phone = links[id]?.connection.phoneKey else { return nil }
+        let users = enrolledUsers(of: phone)
+        guard !users.isEmpty else {
+            audit(.notice, .pushRefused, "refused \(action) from phone \(phone.fingerprint): not enrolled", phone: phone.fingerprint)
+            return .answer(.noSession)
+        }
+        let bound = registered.sessions(boundTo: phone)
+        let targets = bound.isEmpty ? users.flatMap { registered.sessions(of: $0) } : bound
+        switch action {
+        case .lock:
+            return .lock(targets, users: users, phone: phone)
+        case .logout:
+            guard !targets.isEmpty else {
+                audit(.notice, .pushRefused, "refused logout from phone \(phone.fingerprint): no session on record for \(users.map(logSafe).joined(separator: ", "))", phone: phone.fingerprint)
+                return .answer(.noSession)
+            }
+            return .logout(targets, phone: phone)
+        case .attach:
+            // Attach only restores walk-away protection; it unlocks nothing. A session on
+            // record, or (after a daemon restart forgot them) a local one logind lists.
+            return .attach(users: users, phone: phone, candidate: users.first { !lockedUsers.contains($0) && !registered.sessions(of: $0).isEmpty })
+        case .pair:
+            return .answer(.noSession)
+        }
+    }
+
+    /// logind did what `plan` asked (`outcome`), or found `attaching`'s unlocked session: the
+    /// phone hears the result on link `id`.
+    mutating func acted(_ action: ActionResult.Action, _ plan: ActionPlan, _ outcome: ActionResult.Outcome, attaching: String?,
+                        on id: CentralID, now: Duration) {
+        var outcome = outcome
+        switch plan {
+        case .lock(_, let users, let phone) where outcome == .done:
+            // Presence ends only with what it guards: a lock that did not happen leaves the
+            // session open, and walking away must still act on it.
+            lockedUsers.formUnion(users)
+            endPresence(of: phone, except: id)
+        case .logout(let targets, let phone) where outcome == .done:
+            for s in targets { registered.close(s.id) }
+            endPresence(of: phone, except: id)
+        case .attach(_, let phone, _):
+            if let user = attaching {
+                graces[phone] = nil
+                presences[id] = startedPresence(phone: phone, user: user, now: now)
+                audit(.info, .presence, "presence link back: phone \(phone.fingerprint) user \(logSafe(user))", phone: phone.fingerprint, user: user)
+                outcome = .done
+            } else {
+                audit(.notice, .pushRefused, "refused attach from phone \(phone.fingerprint): no unlocked session on record", phone: phone.fingerprint)
+            }
+        default:
+            break
+        }
+        guard var connection = links[id]?.connection else { return }
+        let output = connection.finishAction(ActionResult(action: action, outcome: outcome))
+        links[id]?.connection = connection
+        perform(output, for: id, now: now)
+        readvertise()
+    }
+
+    /// A revoked phone's live links end, but those of a presence link for one of `users` (the
+    /// users it keeps). A presence link that ends so ends as a walk-away does (the policy's lock
+    /// or logout, at once): nothing guards its session any more.
+    mutating func endLinks(of phone: PublicKey, keeping users: [String] = [], reason: String) {
+        var away: [String] = []
+        for (id, link) in links where link.connection.phoneKey == phone {
+            let user = presences[id]?.user
+            guard users.isEmpty || user.map({ !users.contains($0) }) == true else { continue }
+            if let user {
+                away.append(user)
+                audit(.notice, .sessionAction, "presence link of phone \(phone.fingerprint) user \(logSafe(user)) ended: \(reason)", phone: phone.fingerprint, user: user)
+            }
+            presences[id] = nil
+            drop(id)
+        }
+        guard !away.isEmpty else { return }
+        readvertise()
+        for user in away { emit(.work(.walkAway(WalkAway(phone: phone, user: user, reason: reason)))) }
+    }
+
+    /// The sessions a walk-away acts on, under `[presence] policy`: locked (`lock`) or ended.
+    enum WalkAwayPlan: Sendable {
+        case lock([LoginSession])
+        case logout([LoginSession])
+    }
+
+    /// A phone is gone (`away`): what its walk-away does, or nil under `policy = none`.
+    func walkAwayPlan(_ away: WalkAway) -> WalkAwayPlan? {
+        let bound = registered.sessions(boundTo: away.phone)
+        switch config.policy {
+        case .lock: return .lock(bound)
+        // Unsure which session: lock them all rather than end one by guess.
+        case .logout: return bound.isEmpty ? .lock([]) : .logout(bound)
+        case .none: return nil
+        }
+    }
+
+    /// A walk-away's lock ran: a user whose sessions locked must push again (not just attach),
+    /// and the locks that need it are checked (`BoxWork.settle`).
+    mutating func walkAwayLocked(_ away: WalkAway, _ locked: SessionActions.Locked) {
+        if let (list, endable) = locked.toSettle { emit(.work(.settle(locked: list, phone: away.phone, endable: endable))) }
+        if locked.outcome == .done { lockedUsers.insert(away.user) }
+    }
+
+    var sessionSettings: SessionActions.Settings {
+        .init(lockConfirm: config.lockConfirm, notLocked: config.notLocked)
     }
 }

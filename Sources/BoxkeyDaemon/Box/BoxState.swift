@@ -16,12 +16,15 @@ enum RadioAction: Sendable {
 
 /// Work a decision starts but does not wait for (logind calls take their time, and the actor
 /// must keep serving meanwhile). `RadioService` runs each job as a child task of its own, so
-/// the work belongs to a service of the ServiceGroup and ends with it.
+/// the work belongs to a service of the ServiceGroup and ends with it (`BoxWorker` does it).
 enum BoxWork: Sendable {
     /// Lock, logout or attach, asked on a phone's link.
     case act(ActionResult.Action, link: CentralID)
     /// `[unlock] logind_unlock`: a push with no prompt open, verified and unlocked here.
     case unlockThroughLogind(CredentialPush, phone: PublicKey, link: CentralID)
+    /// A phone is gone (its link lost past the grace, its signal weak, or it was revoked): the
+    /// policy's lock or logout.
+    case walkAway(BoxState.WalkAway)
     /// After a walk-away lock: checks the sessions did lock, and ends those that did not.
     case settle(locked: [LoginSession], phone: PublicKey, endable: Set<String>)
 }
@@ -142,7 +145,7 @@ struct BoxState {
 
     /// A presence link's phone that is gone (its grace ran out, its signal went weak): the
     /// policy's lock or logout follows (`Box.walkAway`).
-    struct WalkAway {
+    struct WalkAway: Sendable {
         var phone: PublicKey
         var user: String
         var reason: String

@@ -25,7 +25,7 @@ extension BoxState {
         let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale).filter { user in
             // The account of exactly that name: a case-insensitive NSS (sssd) gives `Alice`, a
             // different person, for the directory's `alice`.
-            guard let uid = uid(of: user), uid != 0, Box.accountName(user).map({ $0 == user }) ?? true else { return false }
+            guard let uid = uid(of: user), uid != 0, SystemUsers.accountName(user).map({ $0 == user }) ?? true else { return false }
             return roster.uidNumbers[user].map { $0 == uid } ?? true
         }
         return local + fromFleet.filter { !local.contains($0) }
@@ -155,9 +155,9 @@ extension Box {
 
     /// A new read of the directory. Phones that lost users there lose their links here at once
     /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
-    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) async {
+    public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) {
         for (phone, still) in state.fleetRead(roster, requests: requests, seconds: seconds) {
-            await endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
+            state.endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
         }
     }
 

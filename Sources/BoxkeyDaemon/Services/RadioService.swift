@@ -77,7 +77,8 @@ public struct RadioService: Service, CustomStringConvertible {
     /// holds up no other phone's.
     private func runWork() async {
         await withDiscardingTaskGroup { group in
-            for await job in box.work { group.addTask { await box.run(job) } }
+            let worker = BoxWorker(box: box)
+            for await job in box.work { group.addTask { await worker.run(job) } }
         }
     }
 
