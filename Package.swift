@@ -7,6 +7,8 @@ import PackageDescription
 //   -> BoxkeyDaemon (the box) and BoxkeyPhone (the phone), which know the radio by its interface
 //   -> BoxkeyTransports (which transport, opened at the edge)  ->  executables.
 // The PAM module (pam_boxkey, C) stands apart: it shares only the wire format, checked by tests.
+// BoxkeyTestWorlds (Tests/Worlds) is what the tests start around the code (a private D-Bus,
+// bluezoo, child processes); no product contains it.
 // Hooks only the tests use (the vault's test clock) exist in debug builds only: what
 // packages ship is a release build, which does not have them.
 let testHooks: [SwiftSetting] = [.define("BOXKEY_TEST_HOOKS", .when(configuration: .debug))]
@@ -151,13 +153,17 @@ let package = Package(
         // A peripheral in its own process, for the cross-process radio tests.
         .executableTarget(name: "SimRadioPeer", dependencies: ["BoxkeyRadio", "BoxkeySimRadio"]),
 
+        // What tests start around the code under test (a private D-Bus, bluezoo, child
+        // processes): a library of the test targets only, in no product.
+        .target(name: "BoxkeyTestWorlds", dependencies: ["BoxkeyDBus", "BoxkeyRadio", "CBoxkeySys"], path: "Tests/Worlds"),
         .testTarget(
             name: "BoxkeyRadioTests",
-            dependencies: ["BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus", "CBoxkeySys"]
+            dependencies: ["BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "SimRadioPeer", "BoxkeyBlueZ", "BoxkeyDBus", "CDBus", "CBoxkeySys", "BoxkeyTestWorlds"]
         ),
         .testTarget(
             name: "BoxkeyDaemonTests",
             dependencies: ["BoxkeyDaemon", "BoxkeyPhone", "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyPAMWire", "pam_boxkey", "CBoxkeySys",
+                           "BoxkeyBlueZ", "BoxkeyTestWorlds",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio")]
         ),

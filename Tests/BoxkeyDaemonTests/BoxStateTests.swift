@@ -275,6 +275,65 @@ struct BoxStateTests {
         let rejections = box.rejectedByPhone.count(key, now: now + .seconds(1))
         #expect(rejections == 1)
     }
+
+    /// A phone asks to attach (become the presence link of alice's session on record); the
+    /// state plans it, and the answer comes back after logind was asked.
+    static func attaching(now: Duration) throws -> (box: BoxState, phone: Phone, key: KeyPair, plan: BoxState.ActionPlan) {
+        let key = KeyPair.generate()
+        var box = try box(enrolling: key, for: "alice")
+        box.registered.register(LoginSession(id: "5", uid: 1000, user: "alice", tty: "tty1"), service: "login", phone: nil)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        try phone.write(try phone.connection.send(.attach), to: &box, now: now)
+        let work = box.take().contains { if case .work(.act(.attach, _)) = $0 { true } else { false } }
+        #expect(work)
+        let planned = box.actionPlan(.attach, on: phone.id)
+        let plan = try #require(planned)
+        guard case .attach(_, _, "alice") = plan else { Issue.record("plan: \(plan)"); throw CancellationError() }
+        return (box, phone, key, plan)
+    }
+
+    @Test func anAttachBecomesThePresenceLink() throws {
+        let now = Duration.seconds(100)
+        var (box, phone, _, plan) = try Self.attaching(now: now)
+        box.acted(.attach, plan, .noSession, attaching: "alice", on: phone.id, now: now)
+        #expect(box.presences[phone.id]?.user == "alice")
+        guard case .actionResult(let result)? = try phone.read(&box, now: now).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .done)
+    }
+
+    /// What changed while logind was asked counts: a walk-away lock that landed meanwhile (the
+    /// user must push again, not just attach), or a revocation.
+    @Test func anAttachAfterAWalkAwayLockOrARevocationMeanwhileIsRefused() throws {
+        let now = Duration.seconds(100)
+        var (locked, lockedPhone, _, plan) = try Self.attaching(now: now)
+        locked.lockedUsers.insert("alice")
+        locked.acted(.attach, plan, .noSession, attaching: "alice", on: lockedPhone.id, now: now)
+        #expect(locked.presences.isEmpty)
+        guard case .actionResult(let result)? = try lockedPhone.read(&locked, now: now).first else { Issue.record("no answer"); return }
+        #expect(result.outcome == .noSession)
+
+        var (revoked, revokedPhone, key, plan2) = try Self.attaching(now: now)
+        _ = try revoked.registry.revoke(fingerprint: key.publicKey.fingerprint)
+        revoked.acted(.attach, plan2, .noSession, attaching: "alice", on: revokedPhone.id, now: now)
+        #expect(revoked.presences.isEmpty)
+    }
+
+    /// A walk-away acts on the sessions bound to the phone when it went, under the policy of
+    /// then: a session bound, or a reload, while the job waits changes nothing.
+    @Test func aWalkAwayIsDecidedWhenThePhoneGoes() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice") { $0.policy = .logout }
+        let bound = LoginSession(id: "6", uid: 1000, user: "alice", tty: "tty1")
+        box.registered.register(bound, service: "login", phone: key.publicKey)
+        box.queueWalkAway(BoxState.WalkAway(phone: key.publicKey, user: "alice", reason: "gone"))
+        box.registered.register(LoginSession(id: "7", uid: 1000, user: "alice", tty: "tty2"), service: "login", phone: key.publicKey)
+        let queued = box.take().compactMap { effect -> BoxState.WalkAwayPlan? in
+            if case .work(.walkAway(_, let plan)) = effect { plan } else { nil }
+        }
+        guard case .logout(let sessions)? = queued.first, queued.count == 1 else { Issue.record("queued \(queued)"); return }
+        #expect(sessions.map(\.id) == ["6"])
+    }
 }
 
 extension BoxState {

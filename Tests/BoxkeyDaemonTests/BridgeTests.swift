@@ -14,8 +14,8 @@ struct SocketHarness {
     let pam: String
     let admin: String
 
-    init(_ backend: AirBackend = .inProcess, configure: (inout DaemonConfig) -> Void = { _ in }) throws {
-        h = try BoxHarness(backend, configure: configure)
+    init(_ backend: AirBackend = .inProcess, configure: (inout DaemonConfig) -> Void = { _ in }) async throws {
+        h = try await BoxHarness(backend, configure: configure)
         pam = h.state + "/pam.sock"
         admin = h.state + "/admin.sock"
     }
@@ -73,7 +73,7 @@ let consolePrompt = PAMRequest.waitForPush(.init(service: "login", tty: "tty1", 
 
 @Suite(.serialized) struct BridgeTests {
     @Test(arguments: AirBackend.allCases) func aPromptOverTheSocketTakesThePushAtEnterAndReportsTheVerdict(_ air: AirBackend) async throws {
-        let s = try SocketHarness(air)
+        let s = try await SocketHarness(air)
         try await s.run {
             let module = try await s.connect(s.pam)
             guard case .prompt(let boxID, let fingerprint, _, _) = try await module.ask(consolePrompt) else { Issue.record("no prompt"); return }
@@ -90,7 +90,7 @@ let consolePrompt = PAMRequest.waitForPush(.init(service: "login", tty: "tty1", 
     }
 
     @Test func enterWithNothingThereIsAnsweredAtOnceAndAVerdictBeforeAPushClosesTheConnection() async throws {
-        let s = try SocketHarness()
+        let s = try await SocketHarness()
         try await s.run {
             let module = try await s.connect(s.pam)
             guard case .prompt = try await module.ask(consolePrompt) else { Issue.record("no prompt"); return }
@@ -106,7 +106,7 @@ let consolePrompt = PAMRequest.waitForPush(.init(service: "login", tty: "tty1", 
     }
 
     @Test func eachSocketTakesOnlyItsOwnRequests() async throws {
-        let s = try SocketHarness()
+        let s = try await SocketHarness()
         try await s.run {
             let module = try await s.connect(s.pam)
             try await onThread { try module.client.send(AdminRequest.daemonStatus) }
@@ -119,7 +119,7 @@ let consolePrompt = PAMRequest.waitForPush(.init(service: "login", tty: "tty1", 
     }
 
     @Test func theAdminSocketAnswersRequestAfterRequestAndLongListsWhole() async throws {
-        let s = try SocketHarness()
+        let s = try await SocketHarness()
         try await s.run {
             let admin = try await s.connect(s.admin)
             #expect(try await admin.ask(.listPhones) == .text("[]"))

@@ -13,7 +13,7 @@ import Testing
     }
 
     @Test func aPushWaitsForEnterAndThePhoneHearsWhere() async throws {
-        let h = try BoxHarness()
+        let h = try await BoxHarness()
         try await h.run {
             let prompt = try await h.prompt(tty: "/dev/tty3")
             let link = try await push(h)
@@ -34,7 +34,7 @@ import Testing
     }
 
     @Test func enterWithNoPhoneIsAnsweredAtOnceAndThePromptStaysOpen() async throws {
-        let h = try BoxHarness()
+        let h = try await BoxHarness()
         try await h.run {
             let prompt = try await h.prompt()
             let start = ContinuousClock.now
@@ -50,10 +50,10 @@ import Testing
     }
 
     @Test func aConnectedPhoneMakesEnterWaitForNothing() async throws {
-        let h = try BoxHarness()
+        let h = try await BoxHarness()
         try await h.run {
             let prompt = try await h.prompt()
-            let (identity, central) = await h.phone(0x32, enrolledFor: "alice")
+            let (identity, central) = try await h.phone(0x32, enrolledFor: "alice")
             let key = h.box.identity.keyPair.publicKey
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
             let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
@@ -72,7 +72,7 @@ import Testing
     }
 
     @Test func aHeldPushNobodyTakesIsDroppedAndThePhoneIsTold() async throws {
-        let h = try BoxHarness { $0.enterWait = .seconds(1) }
+        let h = try await BoxHarness { $0.enterWait = .seconds(1) }
         try await h.run {
             let prompt = try await h.prompt()
             let link = try await push(h)
@@ -92,7 +92,7 @@ import Testing
     }
 
     @Test func aHeldPushGoesWithItsPhone() async throws {
-        let h = try BoxHarness()
+        let h = try await BoxHarness()
         try await h.run {
             let prompt = try await h.prompt()
             let link = try await push(h)
@@ -105,7 +105,7 @@ import Testing
     }
 
     @Test func aTypedPasswordLetsTheHeldPushGoWithoutCountingARejection() async throws {
-        let h = try BoxHarness { $0.rejectedPushesPerUser = 1 }
+        let h = try await BoxHarness { $0.rejectedPushesPerUser = 1 }
         try await h.run {
             let prompt = try await h.prompt()
             let link = try await push(h)
@@ -120,12 +120,12 @@ import Testing
     }
 
     @Test func anOfferGoesOnlyToAPromptAlreadyForItsUser() async throws {
-        let h = try BoxHarness { $0.proximity = true }
+        let h = try await BoxHarness { $0.proximity = true }
         try await h.run {
             // A greeter's prompt with nobody named: the password prompt is already on screen and
             // cannot say whose phone is near, so Enter there must not log anyone in by proximity.
             let open = try await h.prompt(user: "")
-            let (identity, central) = await h.phone(0x35, enrolledFor: "alice")
+            let (identity, central) = try await h.phone(0x35, enrolledFor: "alice")
             let key = h.box.identity.keyPair.publicKey
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
             let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
@@ -149,7 +149,7 @@ import Testing
     }
 
     @Test func aPushForAnotherUserNeverWaitsAtAConsoleLoginForAlice() async throws {
-        let h = try BoxHarness()
+        let h = try await BoxHarness()
         try await h.run {
             _ = try await h.prompt(tty: "/dev/tty1", user: "alice")
             let link = try await push(h, user: "bob")

@@ -10,7 +10,7 @@ import Testing
     /// alice logs in with her phone into session `id` (of `type`; opened by the push, so bound to
     /// the phone by its ticket, unless `bound` is false), then the phone leaves.
     func walkAway(_ h: BoxHarness, session id: String, type: String, bound: Bool = true) async throws {
-        let (identity, central) = await h.phone(0x41, enrolledFor: "alice")
+        let (identity, central) = try await h.phone(0x41, enrolledFor: "alice")
         let key = h.box.identity.keyPair.publicKey
         let prompt = try await h.prompt()
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
@@ -35,8 +35,27 @@ import Testing
         return seen
     }
 
+    /// `boxkeyd phones revoke` of a phone whose presence link guards a session: the link ends
+    /// as a walk-away does, and the session is locked (queued work now; the reply comes first).
+    @Test func revokingAPhoneWithAPresenceLinkLocksTheSessionItGuarded() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            let link = try #require(try await h.honestLogin(0x35, keep: true))
+            h.sessions.add(LoginSession(id: "9", uid: 1000, user: "alice", tty: "", display: ":0", type: "x11"))
+            await h.box.openSession(user: "alice", sessionID: "9", service: "login", ticket: "")
+            let phone = try #require(await h.box.presencePhones().first)
+            guard case .text = await h.box.revoke(fingerprint: phone.fingerprint) else { Issue.record("not revoked"); return }
+            let clock = MonotonicClock(), start = clock.now
+            while h.sessions.calls.withLockedValue({ $0 }).isEmpty, clock.now - start < .seconds(5) {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(h.sessions.calls.withLockedValue { $0 } == ["lock 9"])
+            await link.close()
+        }
+    }
+
     @Test func aConsoleThatCannotLockIsEndedAfterTheConfirmTime() async throws {
-        let h = try BoxHarness { $0.lockConfirm = .seconds(1) }
+        let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "7", type: "tty")
             #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 7", "terminate 7"])
@@ -46,7 +65,7 @@ import Testing
     @Test func aConsoleThisPhoneDidNotOpenIsLockedAndNeverEnded() async throws {
         // A console alice logged into by typing: the phone's walk-away locks it (fail closed),
         // but does not end what the phone never opened.
-        let h = try BoxHarness { $0.lockConfirm = .seconds(1) }
+        let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "6", type: "tty", bound: false)
             #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 6"])
@@ -54,7 +73,7 @@ import Testing
     }
 
     @Test func aDesktopWhoseLockerSaysSoStaysLocked() async throws {
-        let h = try BoxHarness { $0.lockConfirm = .seconds(1) }
+        let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "8", type: "x11")
             #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 8"])
@@ -62,7 +81,7 @@ import Testing
     }
 
     @Test func keepLeavesTheConsoleOpenAndSaysSo() async throws {
-        let h = try BoxHarness { $0.lockConfirm = .seconds(1); $0.notLocked = .keep }
+        let h = try await BoxHarness { $0.lockConfirm = .seconds(1); $0.notLocked = .keep }
         try await h.run {
             try await walkAway(h, session: "9", type: "tty")
             #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 9"])

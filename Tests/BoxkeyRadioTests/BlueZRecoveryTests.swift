@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import BoxkeyBlueZ
 import BoxkeyRadio
 import Testing
@@ -5,7 +6,7 @@ import Testing
 /// The BlueZ transport's recovery, against bluezoo on a private bus.
 @Suite(.timeLimit(.minutes(2))) struct BlueZRecoveryTests {
     @Test func theBoxComesBackAfterBluetoothdRestarts() async throws {
-        let world = try await BluezooWorld()
+        let world = try await BluezooWorld(adapters: [boxAddress, phoneAddress])
         defer { world.close() }
         let peripheral = try await BlueZPeripheral(adapter: "hci0", bus: world.bus.bus)
         try await peripheral.publish(TestService.definition)
@@ -33,7 +34,7 @@ import Testing
     }
 
     @Test func missingAdapterIsAClearError() async throws {
-        let world = try await BluezooWorld()
+        let world = try await BluezooWorld(adapters: [boxAddress, phoneAddress])
         defer { world.close() }
         do {
             _ = try await BlueZCentral(adapter: "hci7", bus: world.bus.bus)
@@ -59,7 +60,7 @@ import Testing
         }
         #expect(await said.all.contains { $0.contains("bluetoothd is not running") })
         let launched = ContinuousClock.now
-        let world = try await BluezooWorld(on: bus)
+        let world = try await BluezooWorld(on: bus, adapters: [boxAddress, phoneAddress])
         defer { world.close() }
         let ready = ContinuousClock.now - launched
         let peripheral = try await opening.value

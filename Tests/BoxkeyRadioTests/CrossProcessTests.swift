@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import BoxkeyRadio
 import BoxkeySimRadio
 import Foundation

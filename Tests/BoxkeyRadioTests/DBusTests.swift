@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import BoxkeyDBus
 import CDBus
 import Foundation

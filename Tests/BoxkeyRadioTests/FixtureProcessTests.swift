@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import Foundation
 import Testing
 

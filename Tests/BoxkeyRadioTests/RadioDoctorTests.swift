@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import BoxkeyHost
 import Foundation
 import Testing
@@ -48,7 +49,7 @@ import Testing
     @Test func bluetoothdWithAnAdapterIsOK() async throws {
         let bus = try PrivateBus()
         defer { bus.close() }
-        let world = try await BluezooWorld(on: bus)
+        let world = try await BluezooWorld(on: bus, adapters: [boxAddress, phoneAddress])
         defer { world.close() }
         let report = await RadioDoctor.check(adapter: nil, bus: bus.bus, machine: try machine(bluez: true, controllers: ["hci0"], in: bus.directory))
         #expect(finding(report) == nil, "\(report.text)")

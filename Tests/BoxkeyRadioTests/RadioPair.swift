@@ -1,3 +1,4 @@
+import BoxkeyTestWorlds
 import BoxkeyBlueZ
 import BoxkeyRadio
 import BoxkeySimRadio
@@ -88,7 +89,7 @@ func makeRadioPair(_ backend: Backend, parameters: SimulationParameters = Simula
         let link = try await world.central.connect(to: boxAddress, timeout: .seconds(5))
         return RadioPair(peripheral: world.peripheral, central: world.central, link: link, clock: MonotonicClock(), parameters: parameters, owner: world)
     case .bluezoo:
-        let world = try await BluezooWorld()
+        let world = try await BluezooWorld(adapters: [boxAddress, phoneAddress])
         var peripheral: BlueZPeripheral?
         var central: BlueZCentral?
         do {
@@ -162,8 +163,3 @@ final class CrossProcessWorld: @unchecked Sendable {
     }
 }
 
-func makeTemporaryDirectory() throws -> String {
-    let path = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-test-\(UUID().uuidString.prefix(8))").path
-    try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-    return path
-}

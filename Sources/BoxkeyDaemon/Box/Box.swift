@@ -180,16 +180,16 @@ public actor Box {
         ticks += 1
         defer { ticking = false }
         let now = clock.now
-        for away in state.tick(now: now) { state.emit(.work(.walkAway(away))) }
+        for away in state.tick(now: now) { state.queueWalkAway(away) }
         for id in Array(state.presences.keys) {
-            if let away = state.checkPresence(id, now: now) { state.emit(.work(.walkAway(away))) }
+            if let away = state.checkPresence(id, now: now) { state.queueWalkAway(away) }
         }
     }
 
     /// An RSSI reading of a presence link (nil: the read failed, which is no sample).
     public func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) {
         state.presences[id]?.sample(rssi, now: now)
-        if let away = state.checkPresence(id, now: now) { state.emit(.work(.walkAway(away))) }
+        if let away = state.checkPresence(id, now: now) { state.queueWalkAway(away) }
     }
 
     /// Hands `BoxWorker` what logind or PAM answered: `body` is a decision of the state's,

@@ -138,7 +138,9 @@ extension BoxState {
             for s in targets { registered.close(s.id) }
             endPresence(of: phone, except: id)
         case .attach(_, let phone, _):
-            if let user = attaching {
+            // As things are now, not as they were when logind was asked: the link may have
+            // gone, the phone been revoked, or a walk-away have locked the user meanwhile.
+            if let user = attaching, let link = links[id], !link.dropped, enrolledUsers(of: phone).contains(user), !lockedUsers.contains(user) {
                 graces[phone] = nil
                 presences[id] = startedPresence(phone: phone, user: user, now: now)
                 audit(.info, .presence, "presence link back: phone \(phone.fingerprint) user \(logSafe(user))", phone: phone.fingerprint, user: user)
@@ -173,7 +175,13 @@ extension BoxState {
         }
         guard !away.isEmpty else { return }
         readvertise()
-        for user in away { emit(.work(.walkAway(WalkAway(phone: phone, user: user, reason: reason)))) }
+        for user in away { queueWalkAway(WalkAway(phone: phone, user: user, reason: reason)) }
+    }
+
+    /// A phone is gone: its walk-away (`BoxWorker`), on the sessions bound to it now and under
+    /// the policy of now, not of when the job runs.
+    mutating func queueWalkAway(_ away: WalkAway) {
+        if let plan = walkAwayPlan(away) { emit(.work(.walkAway(away, plan))) }
     }
 
     /// The sessions a walk-away acts on, under `[presence] policy`: locked (`lock`) or ended.
@@ -183,7 +191,7 @@ extension BoxState {
     }
 
     /// A phone is gone (`away`): what its walk-away does, or nil under `policy = none`.
-    func walkAwayPlan(_ away: WalkAway) -> WalkAwayPlan? {
+    private func walkAwayPlan(_ away: WalkAway) -> WalkAwayPlan? {
         let bound = registered.sessions(boundTo: away.phone)
         switch config.policy {
         case .lock: return .lock(bound)

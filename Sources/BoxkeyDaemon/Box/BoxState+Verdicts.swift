@@ -76,7 +76,8 @@ extension BoxState {
             }
         case .confirmEnrolment(let prompt, let v, let reason, let who):
             var verdict = PAMRequest.Verdict.accepted
-            if case .rejected(let why) = answer {
+            if answer != .accepted {
+                let why = if case .rejected(let r) = answer { r } else { "" }
                 audit(.notice, .loginRejected, "not enrolling: \(who): the box's own check (\(logSafe(config.verifyService))) did not confirm the pushed password: \(logSafe(why))", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
                 verdict = .acceptedOther
             }
@@ -131,7 +132,8 @@ extension BoxState {
     private mutating func unlockChecked(_ push: CredentialPush, phone: PublicKey, on id: CentralID, session: LoginSession,
                                         _ answer: PAMVerifier.Verdict, now: Duration) -> LoginSession? {
         let (user, who) = (push.user, unlocking(push, phone))
-        if case .rejected(let reason) = answer {
+        guard answer == .accepted else {
+            let reason = if case .rejected(let r) = answer { r } else { "" }
             recordRejection(phone, user: user, now: now)
             audit(.notice, .loginRejected, "login rejected: \(who) via \(logSafe(config.verifyService)): \(logSafe(reason))", phone: phone.fingerprint, user: user, service: config.verifyService)
             finishLogin(on: id, LoginResult(.rejected, reason: reason.isEmpty ? "the password was not accepted" : String(reason.prefix(LoginResult.maxReasonLength))), now: now)

@@ -24,7 +24,7 @@ enum BoxWork: Sendable {
     case unlockThroughLogind(CredentialPush, phone: PublicKey, link: CentralID)
     /// A phone is gone (its link lost past the grace, its signal weak, or it was revoked): the
     /// policy's lock or logout.
-    case walkAway(BoxState.WalkAway)
+    case walkAway(BoxState.WalkAway, BoxState.WalkAwayPlan)
     /// After a walk-away lock: checks the sessions did lock, and ends those that did not.
     case settle(locked: [LoginSession], phone: PublicKey, endable: Set<String>)
 }

@@ -15,7 +15,7 @@ struct BoxWorker: Sendable {
         switch job {
         case .act(let action, let id): await act(action, on: id)
         case .unlockThroughLogind(let push, let phone, let id): await unlockThroughLogind(push, phone: phone, on: id)
-        case .walkAway(let away): await walkAway(away)
+        case .walkAway(let away, let plan): await walkAway(away, plan)
         case .settle(let locked, let phone, let endable):
             let open = await actions.unconfirmedLocks(locked, await box.update { s, _ in s.sessionSettings })
             // `not_locked` as it is now, after the wait (a reload may have changed it).
@@ -49,19 +49,18 @@ struct BoxWorker: Sendable {
         await box.update { [outcome, attaching] s, now in s.acted(action, plan, outcome, attaching: attaching, on: id, now: now) }
     }
 
-    /// A phone is gone: the policy's lock or logout (`BoxState.walkAwayPlan`).
-    private func walkAway(_ away: BoxState.WalkAway) async {
-        let (plan, settings) = await box.update { s, _ in (s.walkAwayPlan(away), s.sessionSettings) }
+    /// A phone is gone: the policy's lock or logout, as decided when it went
+    /// (`BoxState.queueWalkAway`).
+    private func walkAway(_ away: BoxState.WalkAway, _ plan: BoxState.WalkAwayPlan) async {
         switch plan {
-        case .lock(let bound)?:
+        case .lock(let bound):
+            let settings = await box.update { s, _ in s.sessionSettings }
             let locked = await actions.lock(bound, orAllOf: [away.user], phone: away.phone, reason: away.reason, walkAway: true, settings)
             await box.update { s, _ in s.walkAwayLocked(away, locked) }
-        case .logout(let bound)?:
+        case .logout(let bound):
             if await actions.logout(bound, phone: away.phone, reason: away.reason, "walk-away logout") == .done {
                 await box.update { s, _ in for session in bound { s.registered.close(session.id) } }
             }
-        case nil:
-            break
         }
     }
 

@@ -1,16 +1,16 @@
-import BoxkeyBlueZ
 import BoxkeyDBus
+import BoxkeyRadio
 import Foundation
 
 /// A private `dbus-daemon` for a test. `close()` stops it and waits for it; a test closes it
 /// when it ends (`defer { bus.close() }`), deinit only as a last resort.
-final class PrivateBus: @unchecked Sendable {
-    let address: String
+public final class PrivateBus: @unchecked Sendable {
+    public let address: String
     /// A fresh folder for the bus's files and those of what runs on it, removed by `close()`.
-    let directory: String
+    public let directory: String
     private let daemon: FixtureProcess
 
-    init() throws {
+    public init() throws {
         directory = try makeTemporaryDirectory()
         let addressFile = directory + "/bus-address"
         do {
@@ -35,11 +35,11 @@ final class PrivateBus: @unchecked Sendable {
         address = line.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    var bus: DBusConnection.Bus { .address(address) }
+    public var bus: DBusConnection.Bus { .address(address) }
 
     /// The file's text, read with read(2): Foundation's String(contentsOfFile:) leaks its buffer
     /// (LeakSanitizer) when it fails on a file still being written.
-    static func read(_ path: String) -> String? {
+    public static func read(_ path: String) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { Glibc.close(fd) }
@@ -48,7 +48,7 @@ final class PrivateBus: @unchecked Sendable {
         return n > 0 ? String(decoding: bytes[..<n], as: UTF8.self) : nil
     }
 
-    func close() {
+    public func close() {
         daemon.terminate()
         try? FileManager.default.removeItem(atPath: directory)
     }
@@ -56,16 +56,17 @@ final class PrivateBus: @unchecked Sendable {
     deinit { close() }
 }
 
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ d: String) { description = d }
+public struct TestFailure: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ d: String) { description = d }
 }
 
-/// bluezoo (PyPI, a BlueZ D-Bus mock) on a private bus with the box's and the phone's adapters:
-/// hci0 = `boxAddress`, hci1 = `phoneAddress`. `close()` stops bluezoo and the bus and waits
-/// for them; a test closes the world when it ends, deinit only as a last resort.
-final class BluezooWorld: @unchecked Sendable {
-    let bus: PrivateBus
+/// bluezoo (PyPI, a BlueZ D-Bus mock) on a private bus with an adapter per address in
+/// `adapters`, named hci0, hci1, ... in that order. `close()` stops bluezoo and the bus and
+/// waits for them; a test closes the world when it ends, deinit only as a last resort.
+public final class BluezooWorld: @unchecked Sendable {
+    public let bus: PrivateBus
+    public let adapters: [DeviceAddress]
     private var bluezoo: FixtureProcess
     private var log: String { bus.directory + "/bluezoo.log" }
 
@@ -75,14 +76,15 @@ final class BluezooWorld: @unchecked Sendable {
         return root.appendingPathComponent(".venv/bin/bluezoo").path
     }
 
-    convenience init() async throws {
-        try await self.init(on: try PrivateBus())
+    public convenience init(adapters: [DeviceAddress]) async throws {
+        try await self.init(on: try PrivateBus(), adapters: adapters)
     }
 
     /// bluezoo coming onto a bus that had no bluetoothd (the world owns the bus from now on).
-    init(on bus: PrivateBus) async throws {
+    public init(on bus: PrivateBus, adapters: [DeviceAddress]) async throws {
         self.bus = bus
-        do { bluezoo = try Self.launch(on: bus) } catch {
+        self.adapters = adapters
+        do { bluezoo = try Self.launch(on: bus, adapters: adapters) } catch {
             bus.close()
             throw error
         }
@@ -92,25 +94,25 @@ final class BluezooWorld: @unchecked Sendable {
         }
     }
 
-    private static func launch(on bus: PrivateBus) throws -> FixtureProcess {
+    private static func launch(on bus: PrivateBus, adapters: [DeviceAddress]) throws -> FixtureProcess {
         guard FileManager.default.isExecutableFile(atPath: executable) else {
             throw TestFailure("bluezoo not found at \(executable): run scripts/setup")
         }
         var environment = ProcessInfo.processInfo.environment
         environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
-        return try FixtureProcess(["/usr/bin/timeout", "600", executable, "--auto-enable", "--scan-interval", "1",
-                                   "--adapter", boxAddress.string, "--adapter", phoneAddress.string],
+        return try FixtureProcess(["/usr/bin/timeout", "600", executable, "--auto-enable", "--scan-interval", "1"]
+                                  + adapters.flatMap { ["--adapter", $0.string] },
                                   environment: environment, output: bus.directory + "/bluezoo.log")
     }
 
-    /// Ready when both adapters are on the bus.
+    /// Ready when every adapter is on the bus.
     private func waitForAdapters() async throws {
         let probe = try DBusConnection(bus.bus)
         defer { probe.close() }
         for _ in 0..<100 {
             guard bluezoo.isRunning else { break }
             if let reply = try? await probe.call("org.bluez", "/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects", timeout: .seconds(1)),
-               (reply.first?.entries ?? []).filter({ ($0.value.entries ?? []).contains { $0.key.string == "org.bluez.Adapter1" } }).count == 2 {
+               (reply.first?.entries ?? []).filter({ ($0.value.entries ?? []).contains { $0.key.string == "org.bluez.Adapter1" } }).count == adapters.count {
                 return
             }
             try await Task.sleep(for: .milliseconds(100))
@@ -120,17 +122,24 @@ final class BluezooWorld: @unchecked Sendable {
     }
 
     /// bluetoothd crashing and systemd starting it again: everything registered with it is gone.
-    func restart() async throws {
+    public func restart() async throws {
         // The old one must have left the bus name before the new one asks for it.
         bluezoo.terminate()
-        bluezoo = try Self.launch(on: bus)
+        bluezoo = try Self.launch(on: bus, adapters: adapters)
         try await waitForAdapters()
     }
 
-    func close() {
+    public func close() {
         bluezoo.terminate()
         bus.close()
     }
 
     deinit { close() }
+}
+
+/// A fresh folder under the temporary directory.
+public func makeTemporaryDirectory() throws -> String {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-test-\(UUID().uuidString.prefix(8))").path
+    try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
 }

@@ -14,19 +14,19 @@ import Foundation
 /// `defaultSignals` at SIG_DFL (POSIX_SPAWN_SETSIGMASK, POSIX_SPAWN_SETSIGDEF), in a process
 /// group of its own (POSIX_SPAWN_SETPGROUP) so that SIGKILL reaches a wrapper such as timeout(1)
 /// and what it runs together.
-final class FixtureProcess: @unchecked Sendable {
-    let pid: pid_t
-    let command: String
+public final class FixtureProcess: @unchecked Sendable {
+    public let pid: pid_t
+    public let command: String
     private var status: Int32?
     private let lock = NSLock()
 
     /// Reset to their default action in the child, whatever the test process did with them.
-    static let defaultSignals = [SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGALRM, SIGCHLD, SIGUSR1, SIGUSR2]
+    public static let defaultSignals = [SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGALRM, SIGCHLD, SIGUSR1, SIGUSR2]
 
     /// Starts `arguments[0]` (an absolute path). Standard input is /dev/null; standard output
     /// and error go to `output` (appended) or /dev/null; `extraFiles[fd]` is opened for writing
     /// (created, truncated) as descriptor `fd` (for dbus-daemon's `--print-address=FD`).
-    init(_ arguments: [String], environment: [String: String]? = nil, output: String? = nil, extraFiles: [Int32: String] = [:]) throws {
+    public init(_ arguments: [String], environment: [String: String]? = nil, output: String? = nil, extraFiles: [Int32: String] = [:]) throws {
         command = arguments.joined(separator: " ")
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -63,12 +63,12 @@ final class FixtureProcess: @unchecked Sendable {
     }
 
     /// Whether it still runs (reaps it if it has ended).
-    var isRunning: Bool {
+    public var isRunning: Bool {
         lock.withLock { reap(wait: false) == nil }
     }
 
     /// Waits up to `timeout` for it to end by itself; its wait(2) status, or nil if it still runs.
-    func wait(within timeout: Duration) -> Int32? {
+    public func wait(within timeout: Duration) -> Int32? {
         lock.withLock { reap(within: timeout) }
     }
 
@@ -78,7 +78,7 @@ final class FixtureProcess: @unchecked Sendable {
     /// SIGTERM just before that left the child running (seen in CI). Returns the wait(2)
     /// status. Safe to call again: later calls return the same status.
     @discardableResult
-    func terminate(grace: Duration = .seconds(5)) -> Int32 {
+    public func terminate(grace: Duration = .seconds(5)) -> Int32 {
         lock.withLock {
             if let status { return status }
             kill(-pid, SIGTERM)
