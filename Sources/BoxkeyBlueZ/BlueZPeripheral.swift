@@ -18,6 +18,7 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     private struct Central {
         let id: CentralID
         var subscribed: Set<String> = []
+        var notified: ContinuousClock.Instant?
     }
 
     private struct State {
@@ -98,11 +99,8 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
             "UUID": .string(service.uuid), "Primary": .bool(true),
         ])])
         for (index, c) in service.characteristics.enumerated() {
-            var flags: [String] = []
-            if c.properties.contains(.read) { flags.append("read") }
-            if c.properties.contains(.write) { flags.append("write") }
-            if c.properties.contains(.writeWithoutResponse) { flags.append("write-without-response") }
-            if c.properties.contains(.notify) { flags.append("notify") }
+            let named: [(CharacteristicProperties, String)] = [(.read, "read"), (.write, "write"), (.writeWithoutResponse, "write-without-response"), (.notify, "notify")]
+            let flags = named.filter { c.properties.contains($0.0) }.map(\.1)
             var properties: [String: DBusValue] = ["UUID": .string(c.uuid), "Service": .objectPath(servicePath), "Flags": .strings(flags)]
             if c.properties.contains(.notify) { properties["Notifying"] = .bool(false) }
             let path = servicePath + "/char\(index)"
@@ -202,11 +200,12 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
 
     public func notify(_ central: CentralID, characteristic: String, value: [UInt8]) async throws {
         let path = try state.withLockedValue { s -> String in
-            guard let c = s.centrals.values.first(where: { $0.id == central }) else { throw RadioError.notConnected }
+            guard let (device, c) = s.centrals.first(where: { $0.value.id == central }) else { throw RadioError.notConnected }
             guard c.subscribed.contains(characteristic.lowercased()),
                   let index = s.service?.characteristics.firstIndex(where: { $0.uuid == characteristic.lowercased() }) else {
                 throw RadioError.notPermitted("\(central) has not subscribed to \(characteristic)")
             }
+            s.centrals[device]!.notified = .now
             return Self.applicationRoot + "/service0/char\(index)"
         }
         // BlueZ sends a notification for each PropertiesChanged of Value.
@@ -266,6 +265,11 @@ public final class BlueZPeripheral: PeripheralRadio, @unchecked Sendable {
     }
 
     public func disconnect(_ central: CentralID) async {
+        // bluetoothd queues a notification but carries out Disconnect at once: a refusal just
+        // sent would not reach the phone (seen in the lab). Two connection events let it out.
+        if let notified = state.withLockedValue({ $0.centrals.values.first { $0.id == central }?.notified }) {
+            try? await Task.sleep(until: notified + .milliseconds(100), clock: .continuous)
+        }
         guard let path = state.withLockedValue({ s -> String? in
             let p = s.centrals.first { $0.value.id == central }?.key
             if let p { s.localDisconnects.insert(p) }

@@ -26,6 +26,9 @@ import Testing
         static func connect(_ h: BoxHarness, _ n: UInt8, channel: FrameChannel = .random()) async throws -> RawPhone {
             let (_, central) = try await h.phone(n)
             let link = try await central.connect(to: AttackTests.box, timeout: .seconds(5))
+            // As a phone does: the service's objects may reach a BlueZ central a moment after
+            // the link is up, and discovery waits for them.
+            _ = try await link.discover(service: BoxkeyProtocol.serviceUUID)
             try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
             return RawPhone(link: link, events: link.events.makeAsyncIterator(), channel: channel, reassembler: FrameReassembler(channel: channel),
                             mtu: await link.mtu)
