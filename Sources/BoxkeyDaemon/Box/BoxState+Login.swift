@@ -281,6 +281,12 @@ extension BoxState {
         }
     }
 
+    /// Revoked, or neither enrolled for `user` nor pending: what let a phone in before a wait
+    /// (the stack's, the box's own check) may be gone after it.
+    mutating func lostTrust(_ phone: PublicKey, for user: String, now: Duration) -> Bool {
+        registry.isRevoked(phone) || (!enrolledUsers(of: phone).contains(user) && enrolment.pendingEnrolment(of: phone, now: now) == nil)
+    }
+
     /// A push the stack did not accept from this phone counts against the phone, and against
     /// the user only if the phone is enrolled for that user. New phones (pending, paired with a
     /// code read off the screen) share one budget of their own at this box, so no number of them
@@ -335,8 +341,7 @@ extension BoxState {
     /// enrolled (or pending) for the user.
     mutating func settle(_ verdict: PAMRequest.Verdict, reason: String, of prompt: PromptTable.Prompt, _ v: PromptTable.Verifying,
                          who: String, now: Duration) {
-        if verdict == .accepted, registry.isRevoked(v.phone)
-            || (!enrolledUsers(of: v.phone).contains(v.user) && enrolment.pendingEnrolment(of: v.phone, now: now) == nil) {
+        if verdict == .accepted, lostTrust(v.phone, for: v.user, now: now) {
             // Revoked while the stack or the box's own check ran: no credit, no presence link.
             audit(.notice, .loginRejected, "login completed, but phone \(v.phone.fingerprint) was revoked meanwhile: \(who); no credit", phone: v.phone.fingerprint, user: v.user, service: prompt.request.service)
             _ = registered.redeem(v.ticket, user: v.user, now: now)

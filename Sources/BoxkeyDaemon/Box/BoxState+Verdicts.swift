@@ -141,7 +141,7 @@ extension BoxState {
         }
         // Revoked (or its pending enrolment gone) while the password was checked: nothing is
         // unlocked for it.
-        if registry.isRevoked(phone) || (!enrolledUsers(of: phone).contains(user) && enrolment.pendingEnrolment(of: phone, now: now) == nil) {
+        if lostTrust(phone, for: user, now: now) {
             audit(.notice, .loginRejected, "login accepted, but phone \(phone.fingerprint) was revoked meanwhile: \(who); not unlocking \(logSafe(place(session)))", phone: phone.fingerprint, user: user, service: config.verifyService)
             finishLogin(on: id, LoginResult(.rejected, reason: "this phone was revoked at box \(identity.boxID)"), now: now)
             return nil

@@ -27,10 +27,10 @@ struct BoxWorker: Sendable {
 
     /// A phone's lock, logout or attach (`BoxState.actionPlan`, then `acted`).
     private func act(_ action: ActionResult.Action, on id: CentralID) async {
-        guard let plan = await box.update({ s, _ in s.actionPlan(action, on: id) }) else { return }
+        let (planned, settings) = await box.update { s, _ in (s.actionPlan(action, on: id), s.sessionSettings) }
+        guard let plan = planned else { return }
         var outcome = ActionResult.Outcome.noSession
         var attaching: String?
-        let settings = await box.update { s, _ in s.sessionSettings }
         switch plan {
         case .answer(let answer):
             outcome = answer
