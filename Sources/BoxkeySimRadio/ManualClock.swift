@@ -12,6 +12,8 @@ public final class ManualClock: RadioClock {
         var now: Duration
         var sleepers: [UInt64: Sleeper] = [:]
         var nextID: UInt64 = 0
+        /// Tests waiting for someone to sleep until a deadline (`someoneSleeps(until:)`).
+        var watchers: [(deadline: Duration, continuation: CheckedContinuation<Void, Never>)] = []
     }
     private let state: NIOLockedValueBox<State>
 
@@ -28,16 +30,33 @@ public final class ManualClock: RadioClock {
         let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
-                let resumeNow = state.withLockedValue { s -> Bool in
-                    if deadline <= s.now { return true }
+                let (resumeNow, watching) = state.withLockedValue { s -> (Bool, [CheckedContinuation<Void, Never>]) in
+                    if deadline <= s.now { return (true, []) }
                     s.sleepers[id] = Sleeper(deadline: deadline, continuation: c)
-                    return false
+                    let watching = s.watchers.filter { $0.deadline == deadline }.map(\.continuation)
+                    s.watchers.removeAll { $0.deadline == deadline }
+                    return (false, watching)
                 }
                 if resumeNow { c.resume() }
+                for w in watching { w.resume() }
             }
         } onCancel: {
             let sleeper = state.withLockedValue { $0.sleepers.removeValue(forKey: id) }
             sleeper?.continuation.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Returns once a task sleeps on this clock until exactly `deadline` (at once if one does
+    /// already): how a test knows a loop has gone to sleep until what it was due, without
+    /// waiting on real time.
+    public func someoneSleeps(until deadline: Duration) async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let already = state.withLockedValue { s -> Bool in
+                if s.sleepers.values.contains(where: { $0.deadline == deadline }) { return true }
+                s.watchers.append((deadline, c))
+                return false
+            }
+            if already { c.resume() }
         }
     }
 

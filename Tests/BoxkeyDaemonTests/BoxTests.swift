@@ -65,10 +65,15 @@ enum AirBackend: String, CaseIterable, CustomTestStringConvertible, Sendable {
     static let simulated: [AirBackend] = [.inProcess, .crossProcess]
 }
 
-/// The real Box and RadioService on one backend, in real time.
+/// The real Box and RadioService on one backend. The air runs in real time; the box's clock
+/// (its timeouts, the timer loop, the presence readings) is the real one unless a test gives
+/// it a `ManualClock` to move by hand.
 struct BoxHarness {
     let box: Box
     let sessions = RecordedSessions()
+    /// Everything the box logs: tests wait here for the box to have seen something.
+    let journal = BoxJournal()
+    let clock: any RadioClock
     let service: RadioService
     let presence: PresenceService
     let state: String
@@ -83,18 +88,19 @@ struct BoxHarness {
         case bluezoo(BluezooWorld, BlueZPeripheral, BluezooPhones)
     }
 
-    init(_ backend: AirBackend = .inProcess, configure: (inout DaemonConfig) -> Void = { _ in }) async throws {
+    init(_ backend: AirBackend = .inProcess, clock: any RadioClock = MonotonicClock(),
+         configure: (inout DaemonConfig) -> Void = { _ in }) async throws {
+        self.clock = clock
         state = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-box-\(UUID().uuidString.prefix(8))").path
         var config = DaemonConfig()
         config.stateDirectory = state
         config.grace = .zero
         configure(&config)
         let identity = try BoxIdentity.loadOrCreate(directory: state, configuredID: BoxID(4821)!)
-        var logger = Logger(label: "test")
         // BOXKEY_TEST_LOG=debug shows the box's log while a test runs.
-        logger.logLevel = ProcessInfo.processInfo.environment["BOXKEY_TEST_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
+        let logger = journal.logger()
         box = Box(config: config, identity: identity, registry: try PhoneRegistry.load(directory: state), sessions: sessions,
-                  clock: MonotonicClock(), logger: logger, radioDescription: "test air", userID: testUsers)
+                  clock: clock, logger: logger, radioDescription: "test air", userID: testUsers)
         let peripheral: any PeripheralRadio
         switch backend {
         case .inProcess:
@@ -120,9 +126,8 @@ struct BoxHarness {
                 throw error
             }
         }
-        presence = PresenceService(box: box, peripheral: peripheral, clock: MonotonicClock())
-        service = RadioService(box: box, peripheral: peripheral, config: config,
-                               clock: MonotonicClock(), logger: logger)
+        presence = PresenceService(box: box, peripheral: peripheral, clock: clock)
+        service = RadioService(box: box, peripheral: peripheral, config: config, clock: clock, logger: logger)
     }
 
     /// The simulated air, where tests move phones (the in-process and cross-process backends).
@@ -139,6 +144,20 @@ struct BoxHarness {
         case .simulated(let air, _): return air.central(address, at: 1)
         case .bluezoo(let zoo, _, let phones): return try await phones.central(for: address, on: zoo)
         }
+    }
+
+    /// Where the box hears the phone at `address`: there on the simulated air; over bluezoo,
+    /// at the address of the adapter that phone was given.
+    func onAir(_ address: DeviceAddress) -> DeviceAddress {
+        guard case .bluezoo(_, _, let phones) = world else { return address }
+        return phones.adapter(for: address) ?? address
+    }
+
+    /// Returns once the box has seen the link from `address` end (since `mark`): a phone's
+    /// close reaches the box a moment after the phone is done with it.
+    func linkEnded(_ address: DeviceAddress, after mark: Int) async throws {
+        let prefix = "disconnected \(onAir(address))#"
+        try await journal.line(after: mark) { $0.message.hasPrefix(prefix) }
     }
 
     /// A phone on the air, enrolled at the box for `enrolledFor` (nil: a stranger's phone).
@@ -237,6 +256,11 @@ final class BluezooPhones: Sendable {
         return central
     }
 
+    /// The address of the adapter given to the phone at `address`.
+    func adapter(for address: DeviceAddress) -> DeviceAddress? {
+        given.withLockedValue { $0.index[address].map { adapters[$0] } }
+    }
+
     func close() { given.withLockedValue { $0.centrals.values.forEach { $0.close() } } }
 }
 
@@ -302,8 +326,9 @@ final class BluezooPhones: Sendable {
             }
             #expect(held.count == 2)
             try await h.honestLogin(0x31)           // another phone still gets in
+            let mark = h.journal.mark
             await held[0].close()
-            try await Task.sleep(for: .milliseconds(200))
+            try await h.linkEnded(DeviceAddress("00:50:48:00:01:00")!, after: mark)
             let central = try await h.central(DeviceAddress("00:50:48:00:01:10")!)
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
             held.append(try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central))  // a slot freed
@@ -343,23 +368,38 @@ final class BluezooPhones: Sendable {
         }
     }
 
+    /// The timer loop sleeps until the next thing is due: with a phone connected and nothing
+    /// due for 30 s, it goes to sleep until then after a tick or two. (It used to ring its own
+    /// doorbell from inside a tick and spin thousands of times a second; then it never sleeps
+    /// until the deadline, and this test fails on the wait.)
     @Test func aConnectedPhoneDoesNotKeepTheTimersBusy() async throws {
-        let h = try await BoxHarness { $0.handshakeTimeout = .seconds(30) }
+        let clock = ManualClock(now: .seconds(100))
+        let h = try await BoxHarness(clock: clock) { $0.handshakeTimeout = .seconds(30) }
         try await h.run {
             let (_, phone) = try await h.phone(0x07)
             let link = try await phone.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
-            try await Task.sleep(for: .milliseconds(200))
-            let before = await h.box.ticks
-            try await Task.sleep(for: .seconds(1))
-            let during = await h.box.ticks - before
-            // Nothing is due for 30 s: the timer loop sleeps (it used to spin thousands of times).
-            #expect(during <= 2, "\(during) timer runs in one idle second")
+            try await h.journal.line { $0.message.hasPrefix("connected \(h.onAir(DeviceAddress("00:50:48:00:00:07")!))#") }
+            await clock.someoneSleeps(until: clock.now + .seconds(30))
+            #expect(await h.box.ticks <= 2)
             await link.disconnect()
         }
     }
 
+    /// Steps the box's clock to its next presence reading and returns once the box has taken it:
+    /// the journal line that reading caused (the reading itself, or what it changed).
+    func nextReading(_ h: BoxHarness, _ clock: ManualClock, every interval: Duration) async throws -> BoxJournal.Line {
+        let mark = h.journal.mark
+        clock.advance(by: interval)
+        return try await h.journal.line(after: mark) {
+            $0.message.hasPrefix("RSSI of") || $0.message.hasPrefix("signal ") || $0.message.hasPrefix("walked away")
+        }
+    }
+
+    /// The presence service reads the link's RSSI from the air on the box's clock; a mean
+    /// below the lock threshold for `away_after_s` locks the session, the link still up.
     @Test func weakSignalForLongEnoughLocksWithoutLosingTheLink() async throws {
-        let h = try await BoxHarness { c in
+        let clock = ManualClock(now: .seconds(100))
+        let h = try await BoxHarness(clock: clock) { c in
             c.rssiInterval = .milliseconds(100)
             c.rssiSamples = 5
             c.awayAfter = .milliseconds(500)
@@ -368,27 +408,34 @@ final class BluezooPhones: Sendable {
             let link = try #require(try await h.honestLogin(0x31, keep: true))
             h.sessions.add(LoginSession(id: "42", uid: 1000, user: "alice", tty: "tty1"))
             await h.box.openSession(user: "alice", sessionID: "42", service: "login", ticket: "")
-            let phone = DeviceAddress("00:50:48:00:00:31")!
-            // Near the box: a second of strong signal changes nothing.
-            try await Task.sleep(for: .seconds(1))
+            try await h.journal.line { $0.message.hasPrefix("presence link up") }
+            // Near the box: ten readings change nothing.
+            for _ in 0..<10 {
+                let line = try await nextReading(h, clock, every: .milliseconds(100))
+                #expect(line.message.hasPrefix("RSSI of"), "near the box: \(line)")
+            }
             #expect(h.sessions.calls.withLockedValue { $0 }.isEmpty)
             // 15 m: still in range (30 m) but about -88 dBm, below the -80 dBm lock threshold.
-            h.air.move(phone, to: 15)
-            let clock = MonotonicClock()
-            let start = clock.now
-            while h.sessions.calls.withLockedValue({ $0 }).isEmpty, clock.now - start < .seconds(5) {
-                try await Task.sleep(for: .milliseconds(50))
+            h.air.move(DeviceAddress("00:50:48:00:00:31")!, to: 15)
+            var weakAt: Duration?
+            var line = try await nextReading(h, clock, every: .milliseconds(100))
+            for _ in 0..<20 where !line.message.hasPrefix("walked away") {
+                if line.message.hasPrefix("signal weak") { weakAt = clock.now }
+                line = try await nextReading(h, clock, every: .milliseconds(100))
             }
-            let took = clock.now - start
+            #expect(line.message.hasPrefix("walked away") && line.message.contains("signal below -80 dBm"), "\(line)")
+            // Five readings to fill the mean, then half a second below the threshold.
+            let weak = try #require(weakAt, "the countdown never started")
+            #expect(clock.now - weak == .milliseconds(500))
+            try await h.journal.line(containing: "walk-away lock: session 42")
             #expect(h.sessions.calls.withLockedValue { $0 } == ["lock 42"])
-            // Five samples to fill the mean, then half a second below the threshold.
-            #expect(took >= .milliseconds(500) && took < .seconds(3), "locked after \(took)")
             await link.close()
         }
     }
 
     @Test func briefDipThenComingCloseCancelsTheCountdown() async throws {
-        let h = try await BoxHarness { c in
+        let clock = ManualClock(now: .seconds(100))
+        let h = try await BoxHarness(clock: clock) { c in
             c.rssiInterval = .milliseconds(100)
             c.rssiSamples = 5
             c.awayAfter = .milliseconds(1500)
@@ -397,12 +444,23 @@ final class BluezooPhones: Sendable {
             let link = try #require(try await h.honestLogin(0x32, keep: true))
             h.sessions.add(LoginSession(id: "43", uid: 1000, user: "alice", tty: "tty1"))
             await h.box.openSession(user: "alice", sessionID: "43", service: "login", ticket: "")
+            try await h.journal.line { $0.message.hasPrefix("presence link up") }
             let phone = DeviceAddress("00:50:48:00:00:32")!
-            // Below -80 dBm long enough for all five samples: the countdown starts (~0.5 s in).
+            // Below -80 dBm long enough for the mean: the countdown starts.
             h.air.move(phone, to: 15)
-            try await Task.sleep(for: .milliseconds(800))
-            h.air.move(phone, to: 0.5)          // about -52 dBm: above the -60 dBm return threshold
-            try await Task.sleep(for: .seconds(2.5))
+            var line = try await nextReading(h, clock, every: .milliseconds(100))
+            for _ in 0..<10 where !line.message.hasPrefix("signal weak") { line = try await nextReading(h, clock, every: .milliseconds(100)) }
+            #expect(line.message.hasPrefix("signal weak"), "\(line)")
+            let weak = clock.now
+            // About -52 dBm: above the -60 dBm return threshold, before the 1.5 s are up.
+            h.air.move(phone, to: 0.5)
+            for _ in 0..<10 where !line.message.hasPrefix("signal back") { line = try await nextReading(h, clock, every: .milliseconds(100)) }
+            #expect(line.message.hasPrefix("signal back") && clock.now - weak < .milliseconds(1500), "\(line)")
+            // More than the countdown on, near: no walk-away.
+            for _ in 0..<20 {
+                line = try await nextReading(h, clock, every: .milliseconds(100))
+                #expect(line.message.hasPrefix("RSSI of"), "\(line)")
+            }
             #expect(h.sessions.calls.withLockedValue { $0 }.isEmpty)
             await link.close()
         }

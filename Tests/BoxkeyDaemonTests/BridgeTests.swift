@@ -21,16 +21,13 @@ struct SocketHarness {
     }
 
     func run(_ body: @Sendable @escaping () async throws -> Void) async throws {
-        var quiet = Logger(label: "test")
-        quiet.logLevel = .critical
-        let (box, pam, admin, logger) = (h.box, pam, admin, quiet)
+        let (box, pam, admin, journal) = (h.box, pam, admin, h.journal)
         try await h.run {
             try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask { try await PAMBridge(box: box, path: pam, allowedUIDs: [], logger: logger).run() }
-                group.addTask { try await AdminSocket(box: box, path: admin, logger: logger).run() }
-                while !FileManager.default.fileExists(atPath: pam) || !FileManager.default.fileExists(atPath: admin) {
-                    try await Task.sleep(for: .milliseconds(10))
-                }
+                group.addTask { try await PAMBridge(box: box, path: pam, allowedUIDs: [], logger: journal.logger("pam")).run() }
+                group.addTask { try await AdminSocket(box: box, path: admin, logger: journal.logger("admin")).run() }
+                try await journal.line(containing: "socket listening on \(pam)")
+                try await journal.line(containing: "socket listening on \(admin)")
                 try await body()
                 group.cancelAll()
             }

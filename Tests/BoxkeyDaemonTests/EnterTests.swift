@@ -84,7 +84,8 @@ import Testing
             // The push is gone: a late Enter gets nothing, and the prompt takes the next push.
             #expect(await h.box.take(prompt, wait: .seconds(1)).pushedUser == nil)
             await link.close()
-            try await Task.sleep(for: .milliseconds(200))
+            // The box may have hung up first; either way, the link is over before the next push.
+            try await h.linkEnded(DeviceAddress("00:50:48:00:00:31")!, after: 0)
             let again = try await push(h, 0x33)
             guard case .awaitingEnter = try await again.next(timeout: .seconds(5)) else { Issue.record("the prompt did not reopen"); return }
             await again.close()
@@ -97,8 +98,9 @@ import Testing
             let prompt = try await h.prompt()
             let link = try await push(h)
             guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("not held"); return }
+            let mark = h.journal.mark
             await link.close()
-            try await Task.sleep(for: .milliseconds(500))
+            try await h.linkEnded(DeviceAddress("00:50:48:00:00:31")!, after: mark)
             // Someone presses Enter after the phone left: it must not log its user in.
             guard case .noPush = await h.box.take(prompt, wait: .seconds(1)) else { Issue.record("a departed phone's push was delivered"); return }
         }
@@ -137,8 +139,9 @@ import Testing
             // alice's own console prompt takes it, and Enter there asks the phone to push.
             let alices = try await h.prompt(tty: "tty2", user: "alice")
             let again = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+            let mark = h.journal.mark
             try await again.send(.offer(ProximityOffer(user: "alice", deviceName: "test")))
-            try await Task.sleep(for: .milliseconds(300))
+            try await h.journal.line(after: mark, containing: "proximity offer:", "waiting for Enter there")
             async let answer = h.box.take(alices, wait: .seconds(5))
             guard case .intent = try await again.next(timeout: .seconds(5)) else { Issue.record("no intent after Enter"); return }
             try await again.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test")))

@@ -170,10 +170,17 @@ struct PolicyTests {
 
     @Test func weakSignalWithHysteresis() {
         var p = PresenceMonitor(phone: phone, user: "alice", settings: settings, now: .zero)
-        for s in 1...3 { p.sample(-90, now: .seconds(s)); p.keepalive(now: .seconds(s)) }
-        p.sample(-75, now: .seconds(4)); p.keepalive(now: .seconds(4))         // mean still below -80? (-85): counting
-        p.sample(-70, now: .seconds(5)); p.keepalive(now: .seconds(5))         // mean -78: not above -60, no reset
+        #expect(p.sample(-90, now: .seconds(1)) == nil && p.sample(-90, now: .seconds(2)) == nil)
+        #expect(p.sample(-90, now: .seconds(3)) == .weak(mean: -90))            // the countdown starts, said once
+        for s in 1...3 { p.keepalive(now: .seconds(s)) }
+        #expect(p.sample(-75, now: .seconds(4)) == nil); p.keepalive(now: .seconds(4))   // mean -85: counting
+        #expect(p.sample(-70, now: .seconds(5)) == nil); p.keepalive(now: .seconds(5))   // mean -78: not above -60, no reset
         p.keepalive(now: .seconds(8))
         #expect(p.away(now: .seconds(8)) != nil)                                // below since 3 s, 5 s on
+        // Above the return threshold, the countdown ends (said once too).
+        var q = p
+        #expect(q.sample(-40, now: .seconds(6)) == nil)                          // mean -62
+        #expect(q.sample(-35, now: .seconds(7)) == .back(mean: -145.0 / 3))      // (-70 - 40 - 35) / 3
+        #expect(q.away(now: .seconds(8)) == nil)
     }
 }

@@ -25,14 +25,15 @@ import Testing
         await link.close()
     }
 
-    func calls(_ h: BoxHarness, settleAfter: Duration) async throws -> [String] {
-        let clock = MonotonicClock(), start = clock.now
-        var seen: [String] = []
-        while clock.now - start < settleAfter {
-            seen = h.sessions.calls.withLockedValue { $0 }
-            try await Task.sleep(for: .milliseconds(100))
+    /// What logind was asked, once the walk-away's lock of session `id` has settled: the
+    /// session said it is locked, or it was ended, or it was left open and the journal says so.
+    /// (Up to `lock_confirm_s` after the lock: the box's own wait for LockedHint.)
+    func settled(_ h: BoxHarness, session id: String) async throws -> [String] {
+        try await h.journal.line { line in
+            line.message.hasPrefix("session \(id) (")
+                && ["is locked, or gone", "it is still open", "ended it"].contains { line.message.contains($0) }
         }
-        return seen
+        return h.sessions.calls.withLockedValue { $0 }
     }
 
     /// `boxkeyd phones revoke` of a phone whose presence link guards a session: the link ends
@@ -45,10 +46,7 @@ import Testing
             await h.box.openSession(user: "alice", sessionID: "9", service: "login", ticket: "")
             let phone = try #require(await h.box.presencePhones().first)
             guard case .text = await h.box.revoke(fingerprint: phone.fingerprint) else { Issue.record("not revoked"); return }
-            let clock = MonotonicClock(), start = clock.now
-            while h.sessions.calls.withLockedValue({ $0 }).isEmpty, clock.now - start < .seconds(5) {
-                try await Task.sleep(for: .milliseconds(20))
-            }
+            try await h.journal.line(containing: "walk-away lock: session 9")
             #expect(h.sessions.calls.withLockedValue { $0 } == ["lock 9"])
             await link.close()
         }
@@ -58,7 +56,7 @@ import Testing
         let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "7", type: "tty")
-            #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 7", "terminate 7"])
+            #expect(try await settled(h, session: "7") == ["lock 7", "terminate 7"])
         }
     }
 
@@ -68,7 +66,7 @@ import Testing
         let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "6", type: "tty", bound: false)
-            #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 6"])
+            #expect(try await settled(h, session: "6") == ["lock 6"])
         }
     }
 
@@ -76,7 +74,7 @@ import Testing
         let h = try await BoxHarness { $0.lockConfirm = .seconds(1) }
         try await h.run {
             try await walkAway(h, session: "8", type: "x11")
-            #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 8"])
+            #expect(try await settled(h, session: "8") == ["lock 8"])
         }
     }
 
@@ -84,7 +82,7 @@ import Testing
         let h = try await BoxHarness { $0.lockConfirm = .seconds(1); $0.notLocked = .keep }
         try await h.run {
             try await walkAway(h, session: "9", type: "tty")
-            #expect(try await calls(h, settleAfter: .seconds(3)) == ["lock 9"])
+            #expect(try await settled(h, session: "9") == ["lock 9"])
         }
     }
 

@@ -88,7 +88,8 @@ struct SessionActions: Sendable {
             unanswered = []
             for s in open {
                 switch await lockedHint(s.id) {
-                case true?: break
+                case true?:
+                    audit.audit(.info, .sessionAction, "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) is locked, or gone (logind's LockedHint)", user: s.user)
                 case false?: still.append(s)
                 case nil: still.append(s); unanswered.append(s.id)
                 }

@@ -188,8 +188,7 @@ public actor Box {
 
     /// An RSSI reading of a presence link (nil: the read failed, which is no sample).
     public func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) {
-        state.presences[id]?.sample(rssi, now: now)
-        if let away = state.checkPresence(id, now: now) { state.queueWalkAway(away) }
+        if let away = state.rssiSample(id, rssi, now: now) { state.queueWalkAway(away) }
     }
 
     /// Hands `BoxWorker` what logind or PAM answered: `body` is a decision of the state's,

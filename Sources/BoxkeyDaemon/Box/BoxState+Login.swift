@@ -328,6 +328,7 @@ extension BoxState {
     mutating func startedPresence(phone: PublicKey, user: String, now: Duration) -> PresenceMonitor {
         emit(.presenceChanged)
         wakeTimers()
+        log(.debug, "presence link up: phone \(phone.fingerprint) user \(logSafe(user)); RSSI every \(config.rssiInterval)")
         return PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
     }
 

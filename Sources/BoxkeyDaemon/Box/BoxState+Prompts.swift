@@ -176,6 +176,29 @@ extension BoxState {
         return away
     }
 
+    /// An RSSI reading of a presence link (nil: the read failed, which is no sample); the
+    /// walk-away it completes, if any. Each reading leaves one line in the journal: what it
+    /// changed, the walk-away, or (debug) the reading itself.
+    mutating func rssiSample(_ id: CentralID, _ rssi: Int?, now: Duration) -> WalkAway? {
+        guard presences[id] != nil else { return nil }
+        let change = presences[id]!.sample(rssi, now: now)
+        let p = presences[id]!, s = p.settings
+        let who = "phone \(p.phone.fingerprint) user \(logSafe(p.user))"
+        switch change {
+        case .weak(let mean)?:
+            audit(.info, .presence, "signal weak: \(who): the mean of the last \(s.samples) readings is \(Int(mean.rounded())) dBm, below \(s.lockThreshold) dBm; walk-away in \(s.awayAfter) unless it comes back above \(s.returnThreshold) dBm", phone: p.phone.fingerprint, user: p.user)
+        case .back(let mean)?:
+            audit(.info, .presence, "signal back: \(who): the mean is \(Int(mean.rounded())) dBm, above \(s.returnThreshold) dBm; no walk-away", phone: p.phone.fingerprint, user: p.user)
+        case nil:
+            break
+        }
+        let away = checkPresence(id, now: now)
+        if change == nil, away == nil {
+            log(.debug, "RSSI of \(id): \(rssi.map { "\($0) dBm" } ?? "unreadable") (mean \(Int(p.mean.rounded())) dBm)")
+        }
+        return away
+    }
+
     /// Whether presence link `id` says its phone walked away (keepalives stopped, the signal
     /// stayed weak): then the link ends, and the policy's lock or logout follows.
     mutating func checkPresence(_ id: CentralID, now: Duration) -> WalkAway? {

@@ -51,22 +51,34 @@ public struct PresenceMonitor: Sendable {
         return nil
     }
 
+    /// What a reading changed: the weak-signal countdown started, or the signal came back and
+    /// ended it. The journal says both, so that a lock on a weak signal can be explained.
+    public enum SignalChange: Equatable, Sendable {
+        case weak(mean: Double)
+        case back(mean: Double)
+    }
+
     /// One RSSI reading, nil when the read failed. Always moves `nextSample` on, so a failing
     /// read never makes the timer loop spin.
-    public mutating func sample(_ rssi: Int?, now: Duration) {
+    @discardableResult
+    public mutating func sample(_ rssi: Int?, now: Duration) -> SignalChange? {
         nextSample = now + settings.rssiInterval
         guard let rssi else {
             failingSince = failingSince ?? now
-            return
+            return nil
         }
         failingSince = nil
         readings.append(rssi)
         if readings.count > settings.samples { readings.removeFirst(readings.count - settings.samples) }
         if readings.count >= settings.samples, mean < Double(settings.lockThreshold) {
-            belowSince = belowSince ?? now
-        } else if mean > Double(settings.returnThreshold) {
+            guard belowSince == nil else { return nil }
+            belowSince = now
+            return .weak(mean: mean)
+        } else if mean > Double(settings.returnThreshold), belowSince != nil {
             belowSince = nil
+            return .back(mean: mean)
         }
+        return nil
     }
 
     public var mean: Double { readings.isEmpty ? 0 : Double(readings.reduce(0, +)) / Double(readings.count) }
