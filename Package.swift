@@ -115,7 +115,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
         .executableTarget(name: "boxkeyd", dependencies: [
-            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyPAMWire", "BoxkeyTransports",
+            "BoxkeyCore", "BoxkeyDaemon", "BoxkeyHost", "BoxkeyPAMWire", "BoxkeyTransports",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -130,8 +130,8 @@ let package = Package(
         ], swiftSettings: testHooks),
 
         // The transports, chosen at the edge: opens BlueZ or the simulated radio for the box
-        // (`BoxRadios`) and the phone (`PhoneRadios`). Only the programs, the benchmarks and the
-        // tests depend on it; BoxkeyDaemon and BoxkeyPhone know the radio by its interface only.
+        // (`BoxRadios`) and the phone (`PhoneRadios`). Only the two programs depend on it (the
+        // benchmarks and tests open the transports they test themselves); BoxkeyDaemon and BoxkeyPhone know the radio by its interface only.
         .target(name: "BoxkeyTransports", dependencies: [
             "BoxkeyCore", "BoxkeyHost", "BoxkeyRadio", "BoxkeySimRadio", "BoxkeyBlueZ", "BoxkeyDaemon", "BoxkeyPhone",
             .product(name: "Logging", package: "swift-log"),
@@ -139,7 +139,7 @@ let package = Package(
         ]),
         .executableTarget(name: "boxkey", dependencies: [
             "BoxkeyL10n",
-            "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "BoxkeyTransports", "CBoxkeySys",
+            "BoxkeyCore", "BoxkeyHost", "BoxkeyPhone", "BoxkeyRadio", "BoxkeyTransports", "CBoxkeySys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: testHooks),
 

@@ -62,7 +62,8 @@ enum BoxEffect: Sendable {
 /// changes the state, and leaves what must happen in `effects` (a notification, a hang-up, an
 /// answer to a prompt, an audit line), which `Box` performs. The decisions are split by
 /// subject: radio and pairing (`BoxState+Radio`), logins and offers (`BoxState+Login`),
-/// prompts and time (`BoxState+Prompts`).
+/// prompts, presence and time (`BoxState+Prompts`), the password check's verdicts
+/// (`BoxState+Verdicts`), lock, logout, attach and walk-away (`BoxState+Sessions`).
 ///
 /// Still here and not yet effects: the phone registry's and the escrow store's file writes
 /// (an enrolment is audited only once it is on disk), and the user database lookup `userID`.
@@ -144,7 +145,7 @@ struct BoxState {
     }
 
     /// A presence link's phone that is gone (its grace ran out, its signal went weak): the
-    /// policy's lock or logout follows (`Box.walkAway`).
+    /// policy's lock or logout follows (`queueWalkAway`, then `BoxWorker`).
     struct WalkAway: Sendable {
         var phone: PublicKey
         var user: String
