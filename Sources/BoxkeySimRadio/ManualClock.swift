@@ -1,4 +1,5 @@
 import BoxkeyRadio
+import Dispatch
 import NIOConcurrencyHelpers
 
 /// A clock that moves only when a test says so. Not a model of anything: it lets tests check
@@ -13,7 +14,7 @@ public final class ManualClock: RadioClock {
         var sleepers: [UInt64: Sleeper] = [:]
         var nextID: UInt64 = 0
         /// Tests waiting for someone to sleep until a deadline (`someoneSleeps(until:)`).
-        var watchers: [(deadline: Duration, continuation: CheckedContinuation<Void, Never>)] = []
+        var watchers: [(id: UInt64, deadline: Duration, continuation: CheckedContinuation<Bool, Never>)] = []
     }
     private let state: NIOLockedValueBox<State>
 
@@ -30,7 +31,7 @@ public final class ManualClock: RadioClock {
         let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
-                let (resumeNow, watching) = state.withLockedValue { s -> (Bool, [CheckedContinuation<Void, Never>]) in
+                let (resumeNow, watching) = state.withLockedValue { s -> (Bool, [CheckedContinuation<Bool, Never>]) in
                     if deadline <= s.now { return (true, []) }
                     s.sleepers[id] = Sleeper(deadline: deadline, continuation: c)
                     let watching = s.watchers.filter { $0.deadline == deadline }.map(\.continuation)
@@ -38,7 +39,7 @@ public final class ManualClock: RadioClock {
                     return (false, watching)
                 }
                 if resumeNow { c.resume() }
-                for w in watching { w.resume() }
+                for w in watching { w.resume(returning: true) }
             }
         } onCancel: {
             let sleeper = state.withLockedValue { $0.sleepers.removeValue(forKey: id) }
@@ -46,17 +47,27 @@ public final class ManualClock: RadioClock {
         }
     }
 
-    /// Returns once a task sleeps on this clock until exactly `deadline` (at once if one does
-    /// already): how a test knows a loop has gone to sleep until what it was due, without
-    /// waiting on real time.
-    public func someoneSleeps(until deadline: Duration) async {
-        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+    /// Returns true once a task sleeps on this clock until exactly `deadline` (at once if one
+    /// does already): how a test knows a loop has gone to sleep until what it was due, without
+    /// waiting on real time. False if none has after `timeout` of real time (a failing test
+    /// then says so instead of hanging).
+    public func someoneSleeps(until deadline: Duration, timeout: Duration = .seconds(10)) async -> Bool {
+        let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
+        let (seconds, attoseconds) = timeout.components
+        DispatchQueue.global().asyncAfter(deadline: .now() + Double(seconds) + Double(attoseconds) / 1e18) { [state] in
+            let late = state.withLockedValue { s -> CheckedContinuation<Bool, Never>? in
+                guard let i = s.watchers.firstIndex(where: { $0.id == id }) else { return nil }
+                return s.watchers.remove(at: i).continuation
+            }
+            late?.resume(returning: false)
+        }
+        return await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
             let already = state.withLockedValue { s -> Bool in
                 if s.sleepers.values.contains(where: { $0.deadline == deadline }) { return true }
-                s.watchers.append((deadline, c))
+                s.watchers.append((id, deadline, c))
                 return false
             }
-            if already { c.resume() }
+            if already { c.resume(returning: true) }
         }
     }
 

@@ -91,7 +91,7 @@ import Testing
         }
     }
 
-    @Test(arguments: AirBackend.simulated) func replayedCredentialMessageIsRejected(_ air: AirBackend) async throws {
+    @Test(arguments: AirBackend.allCases) func replayedCredentialMessageIsRejected(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
@@ -135,7 +135,7 @@ import Testing
     /// Notifications reach every subscribed phone, tagged with the connection's channel. A
     /// phone that copies another connection's channel (seen on the air) is hung up on without a
     /// word: anything the box said on that channel would reach the other phone.
-    @Test(arguments: AirBackend.simulated) func anotherConnectionsChannelIsRefusedSilently(_ air: AirBackend) async throws {
+    @Test(arguments: AirBackend.allCases) func anotherConnectionsChannelIsRefusedSilently(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
@@ -145,7 +145,8 @@ import Testing
             var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await advert(h))
             let first = try honest.start()
             try await a.send(first)
-            try await copycat.send(try mallory.start())
+            // The box hangs up at the first fragment: over BlueZ the rest of the send may fail.
+            try? await copycat.send(try mallory.start())
             // The honest phone's answer arrives (the copycat hears it too: that is the air).
             let answer = try #require(await a.receive())
             _ = try honest.receive(answer)
@@ -160,7 +161,7 @@ import Testing
     /// The same copy, but with a broken first fragment: the box's refusal of a malformed
     /// fragment must not go out on the copied channel (the victim would take it as its own
     /// and end its login or presence link).
-    @Test(arguments: AirBackend.simulated) func aBrokenFragmentOnACopiedChannelGetsNoRefusalOnIt(_ air: AirBackend) async throws {
+    @Test(arguments: AirBackend.allCases) func aBrokenFragmentOnACopiedChannelGetsNoRefusalOnIt(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey

@@ -131,6 +131,10 @@ public final class BluezooWorld: @unchecked Sendable {
 
     public func close() {
         bluezoo.terminate()
+        // BOXKEY_TEST_KEEP=1 keeps bluezoo's log of each world (under the temporary directory).
+        if ProcessInfo.processInfo.environment["BOXKEY_TEST_KEEP"] != nil {
+            try? FileManager.default.copyItem(atPath: log, toPath: FileManager.default.temporaryDirectory.path + "/bluezoo-\(UUID().uuidString.prefix(8)).log")
+        }
         bus.close()
     }
 
