@@ -1,0 +1,131 @@
+import BoxkeyCore
+@testable import BoxkeyDaemon
+@testable import BoxkeyPhone
+import BoxkeyRadio
+import Foundation
+import NIOConcurrencyHelpers
+import Testing
+
+/// The phone's way to a paired box (`Phone.connect`, Connecting.swift) against the real box:
+/// the address heard last while its nonce is good, else a scan; one more try when the nonce
+/// moved on or the connection's setup failed, and no more. The phone's radio is the simulated
+/// air's, seen through `CountingCentral`, which counts what the phone asked of it and can fail
+/// connections on purpose.
+@Suite(.serialized) struct PhoneFlowTests {
+    /// A phone whose radio counts scans and connections, and fails the first `failing` connects
+    /// as a Bluetooth stack's GATT setup can.
+    final class CountingCentral: CentralRadio {
+        let radio: any CentralRadio
+        let counts = NIOLockedValueBox((scans: 0, connects: 0, failing: 0))
+        init(_ radio: any CentralRadio) { self.radio = radio }
+        var address: DeviceAddress { radio.address }
+        var scans: Int { counts.withLockedValue { $0.scans } }
+        var connects: Int { counts.withLockedValue { $0.connects } }
+        func failNext(_ n: Int) { counts.withLockedValue { $0.failing = n } }
+
+        func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> {
+            counts.withLockedValue { $0.scans += 1 }
+            return radio.scan(filter)
+        }
+        func connect(to address: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
+            let fail = counts.withLockedValue { c -> Bool in
+                c.connects += 1
+                guard c.failing > 0 else { return false }
+                c.failing -= 1
+                return true
+            }
+            if fail { throw RadioError.connectionFailed("GATT setup failed (injected)") }
+            return try await radio.connect(to: address, timeout: timeout)
+        }
+    }
+
+    /// A phone paired with the harness's box and enrolled there for alice; its radio counted.
+    func pairedPhone(_ h: BoxHarness, _ n: UInt8) async throws -> (Phone, CountingCentral) {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
+        let dirs = PhoneDirectories(environment: ["HOME": home])
+        let identity = try PhoneIdentity.loadOrCreate(dirs)
+        _ = await h.box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: "alice", name: "flow \(n)")
+        var boxes = try PairedBoxes.load(dirs)
+        try boxes.pin(BoxID(4821)!, key: h.box.identity.keyPair.publicKey, address: BoxHarness.boxAddress)
+        let central = CountingCentral(try await h.central(DeviceAddress(String(format: "00:50:48:00:02:%02X", n))!))
+        return (Phone(dirs: dirs, identity: identity, boxes: boxes), central)
+    }
+
+    /// What the box advertises now, as a phone would have heard it.
+    func heardNow(_ h: BoxHarness) async throws -> HeardBox {
+        let advert = try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+        return HeardBox(address: BoxHarness.boxAddress, advertisement: advert, rssi: nil)
+    }
+
+    @Test func aBoxHeardMomentsAgoIsReachedWithoutAScan() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x01)
+            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date().addingTimeInterval(-50))
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            #expect(radio.scans == 0 && radio.connects == 1)
+            await link.close()
+        }
+    }
+
+    /// Heard longer ago than the box's nonce lives (55 s of its 60 s rotation): the phone
+    /// listens first, since an old nonce in the handshake would be refused.
+    @Test func aBoxHeardTooLongAgoIsFoundByAScanFirst() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x02)
+            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date().addingTimeInterval(-56))
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            #expect(radio.scans == 1 && radio.connects == 1)
+            await link.close()
+        }
+    }
+
+    /// A box that rotated its nonce sooner than the default refuses the cached advertisement as
+    /// stale: the phone listens again and gets in on the fresh one.
+    @Test func aStaleCachedAdvertisementMakesThePhoneListenAgain() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x03)
+            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date())
+            await h.box.rotateNonce()
+            await h.box.rotateNonce()
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            #expect(radio.scans == 1 && radio.connects == 2)
+            await link.close()
+        }
+    }
+
+    /// A connection whose setup failed is tried once more on a new one (nothing secret has
+    /// moved before the Noise channel opens), after listening again.
+    @Test func aFailedConnectionIsTriedOnceMore() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x04)
+            radio.failNext(1)
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            #expect(radio.scans == 2 && radio.connects == 2)
+            await link.close()
+        }
+    }
+
+    /// ...and only once: a second failure is the answer, as a radio failure the person can act on.
+    @Test func aSecondFailedConnectionIsTheAnswer() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x05)
+            radio.failNext(2)
+            do {
+                let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+                await link.close()
+                Issue.record("connected through two failed connections")
+            } catch let error as PhoneFailure {
+                #expect(radio.connects == Phone.connectionAttempts)
+                #expect(error.message.contains("injected"), "\(error)")
+            }
+            // The box lost nothing: the same phone gets in now.
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            await link.close()
+        }
+    }
+}
