@@ -39,34 +39,12 @@ public struct PAMBridge: Service, CustomStringConvertible {
             let (replies, replyContinuation) = AsyncStream.makeStream(of: Outgoing.self)
             try await withThrowingTaskGroup(of: Void.self) { group in
                 // One writer, so replies go out whole and in order.
-                group.addTask {
-                    for await item in replies {
-                        switch item {
-                        case .reply(let reply):
-                            try await outbound.write(ByteBuffer(bytes: reply.encode()))
-                        case .answer(.noPush(let reason)):
-                            try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
-                        case .answer(.escrowCapture(let user, let ticket)):
-                            try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
-                        case .answer(.keyLogin(let user, let ticket)):
-                            try await outbound.write(ByteBuffer(bytes: PAMReply.keyLogin(user: user, ticket: ticket).encode()))
-                        case .answer(.push(let user, let password, let ticket)):
-                            try await writePush(user: user, password: password, ticket: ticket, to: channel)
-                        }
-                    }
-                }
-                var state = PAMConnectionState.fresh
-                // Set by the answer to Enter once it carries a push (or key login, capture): the
-                // stack verifies it now, and may report. The bridge's own record of what it
-                // handed the module, not a question to the box.
-                let delivered = NIOLockedValueBox(false)
-                var prompt: UInt64?
-                var wait = Duration.zero
+                group.addTask { try await Self.write(replies, to: outbound, channel: channel) }
+                var pam = PAMConnection(box: box, peer: peer, logger: logger, replies: replyContinuation)
                 // A connection that fails (reset as the module's process ends) ends as one that
                 // closes: the prompt is closed either way, and an Enter waiting on it answered.
                 do {
-                    requests: for try await frame in inbound {
-                        let request: PAMRequest
+                    for try await frame in inbound {
                         var body = Array(buffer: frame)
                         // A captured password came in this frame: wipe the socket's buffer in place
                         // (a write through a copy would wipe only the copy) and our copy of it.
@@ -74,67 +52,108 @@ public struct PAMBridge: Service, CustomStringConvertible {
                             frame.withUnsafeReadableBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
                             secureZero(&body)
                         }
-                        do { request = try PAMRequest.decode(body) } catch {
-                            if body.count >= 2, let name = AdminRequest.name(ofType: body[1]) {
-                                logger.warning("PAM socket: \(name) belongs on the admin socket; closing")
-                                replyContinuation.yield(.reply(.error("\(name) is not taken on the PAM socket")))
-                            } else {
-                                replyContinuation.yield(.reply(.error("malformed request: \(error)")))
-                            }
-                            break
-                        }
-                        if state == .waiting, delivered.withLockedValue({ $0 }) { state = .pushed }
-                        guard let next = state.next(on: request) else {
-                            logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
-                            replyContinuation.yield(.reply(.error("request not allowed now")))
-                            break
-                        }
-                        state = next
-                        switch request {
-                        case .waitForPush(let r):
-                            let (id, reply) = await box.registerPrompt(r, peer: peer)
-                            replyContinuation.yield(.reply(reply))
-                            guard let id else { break requests }
-                            prompt = id
-                            wait = .milliseconds(Int(r.timeoutMilliseconds))
-                        case .cancel:
-                            if let prompt { await box.promptClosed(prompt) }
-                        case .intent:
-                            // Enter at the prompt. A wait for a phone on its way runs beside this read
-                            // loop, so a cancel or a hang-up ends it.
-                            if let prompt {
-                                let wait = wait
-                                group.addTask {
-                                    let answer = await box.take(prompt, wait: wait)
-                                    if answer.pushedUser != nil { delivered.withLockedValue { $0 = true } }
-                                    replyContinuation.yield(.answer(answer))
-                                }
-                            }
-                        case .capturedPassword(let password):
-                            if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
-                            // Wiped in place: the request still holds this storage, so a mutable copy
-                            // would be wiped instead of it.
-                            password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
-                        case .reportOutcome(let verdict, let reason):
-                            if let prompt { await box.report(prompt, verdict, reason: reason) }
-                            replyContinuation.yield(.reply(.ok))
-                        case .openSession(let user, let session, let service, let ticket):
-                            await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
-                            replyContinuation.yield(.reply(.ok))
-                        case .closeSession(let session):
-                            await box.closeSession(sessionID: session)
-                            replyContinuation.yield(.reply(.ok))
-                        }
-                        if state == .done { break requests }
+                        guard await pam.handle(body, in: &group) else { break }
                     }
                 } catch {
                     logger.debug("PAM socket: \(error)")
                 }
-                if let prompt { await box.promptClosed(prompt) }
+                if let prompt = pam.prompt { await box.promptClosed(prompt) }
                 replyContinuation.finish()
                 try await group.waitForAll()
             }
         }
+    }
+
+    /// The connection's writer: each reply, and a push's password straight from secure memory.
+    private static func write(_ replies: AsyncStream<Outgoing>, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
+                              channel: any Channel) async throws {
+        for await item in replies {
+            switch item {
+            case .reply(let reply):
+                try await outbound.write(ByteBuffer(bytes: reply.encode()))
+            case .answer(.noPush(let reason)):
+                try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+            case .answer(.escrowCapture(let user, let ticket)):
+                try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
+            case .answer(.keyLogin(let user, let ticket)):
+                try await outbound.write(ByteBuffer(bytes: PAMReply.keyLogin(user: user, ticket: ticket).encode()))
+            case .answer(.push(let user, let password, let ticket)):
+                try await writePush(user: user, password: password, ticket: ticket, to: channel)
+            }
+        }
+    }
+}
+
+/// One PAM connection: its place in `PAMConnectionState`'s table, its prompt, and what each
+/// request does. Anything the table does not allow, or that does not decode, ends it.
+struct PAMConnection {
+    let box: Box
+    let peer: PAMPeer
+    let logger: Logger
+    let replies: AsyncStream<PAMBridge.Outgoing>.Continuation
+    var state = PAMConnectionState.fresh
+    /// Set by the answer to Enter once it carries a push (or key login, capture): the stack
+    /// verifies it now, and may report. The bridge's own record of what it handed the module,
+    /// not a question to the box.
+    let delivered = NIOLockedValueBox(false)
+    private(set) var prompt: UInt64?
+    var wait = Duration.zero
+
+    /// Handles one frame; false when the connection is over.
+    mutating func handle(_ body: [UInt8], in group: inout ThrowingTaskGroup<Void, any Error>) async -> Bool {
+        let request: PAMRequest
+        do { request = try PAMRequest.decode(body) } catch {
+            if body.count >= 2, let name = AdminRequest.name(ofType: body[1]) {
+                logger.warning("PAM socket: \(name) belongs on the admin socket; closing")
+                replies.yield(.reply(.error("\(name) is not taken on the PAM socket")))
+            } else {
+                replies.yield(.reply(.error("malformed request: \(error)")))
+            }
+            return false
+        }
+        if state == .waiting, delivered.withLockedValue({ $0 }) { state = .pushed }
+        guard let next = state.next(on: request) else {
+            logger.warning("PAM socket: \(request.name) not allowed while \(state); closing")
+            replies.yield(.reply(.error("request not allowed now")))
+            return false
+        }
+        state = next
+        switch request {
+        case .waitForPush(let r):
+            let (id, reply) = await box.registerPrompt(r, peer: peer)
+            replies.yield(.reply(reply))
+            guard let id else { return false }
+            prompt = id
+            wait = .milliseconds(Int(r.timeoutMilliseconds))
+        case .cancel:
+            if let prompt { await box.promptClosed(prompt) }
+        case .intent:
+            // Enter at the prompt. A wait for a phone on its way runs beside the read loop, so
+            // a cancel or a hang-up ends it.
+            if let prompt {
+                let (box, wait, delivered, replies) = (box, wait, delivered, replies)
+                group.addTask {
+                    let answer = await box.take(prompt, wait: wait)
+                    if answer.pushedUser != nil { delivered.withLockedValue { $0 = true } }
+                    replies.yield(.answer(answer))
+                }
+            }
+        case .capturedPassword(let password):
+            if let prompt { await box.captured(prompt, password: SecureBytes(copying: password)) }
+            // Wiped in place: the request still holds this storage, so a mutable copy would be
+            // wiped instead of it.
+            password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
+        case .reportOutcome(let verdict, let reason):
+            if let prompt { await box.report(prompt, verdict, reason: reason) }
+            replies.yield(.reply(.ok))
+        case .openSession(let user, let session, let service, let ticket):
+            await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
+            replies.yield(.reply(.ok))
+        case .closeSession(let session):
+            await box.closeSession(sessionID: session)
+            replies.yield(.reply(.ok))
+        }
+        return state != .done
     }
 }
 
