@@ -2,6 +2,7 @@ import BoxkeyCore
 @testable import BoxkeyDaemon
 @testable import BoxkeyPhone
 import BoxkeyRadio
+import BoxkeyTestWorlds
 import Foundation
 import NIOConcurrencyHelpers
 import Testing
@@ -126,6 +127,68 @@ import Testing
             // The box lost nothing: the same phone gets in now.
             let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
             await link.close()
+        }
+    }
+}
+
+/// Pairing (`Phone.pair`, Pairing.swift) against the real box: the code an admin had the box
+/// issue pins the box's key and enrols the phone; a wrong code pins nothing and costs a try.
+@Suite(.serialized) struct PairingFlowTests {
+    func unpairedPhone(_ h: BoxHarness, _ n: UInt8) async throws -> (Phone, any CentralRadio) {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
+        let dirs = PhoneDirectories(environment: ["HOME": home])
+        let phone = Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs))
+        return (phone, try await h.central(DeviceAddress(String(format: "00:50:48:00:03:%02X", n))!))
+    }
+
+    /// `boxkeyd pair --user alice`: the code the box shows the admin.
+    func adminCode(_ h: BoxHarness, for user: String) async throws -> PairingCode {
+        guard case .text(let said) = await h.box.newPairingCode(user: user),
+              let digits = said.split(separator: " ").first(where: { $0.count == PairingCode.digits && $0.allSatisfy(\.isNumber) }),
+              let code = PairingCode(String(digits)) else { throw TestFailure("no code from the box") }
+        return code
+    }
+
+    @Test func theBoxsCodePinsItsKeyAndEnrolsThePhone() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await unpairedPhone(h, 0x01)
+            let code = try await adminCode(h, for: "alice")
+            let key = try await phone.pair(BoxID(4821)!, code: code, replace: false, radio: radio)
+            #expect(key == h.box.identity.keyPair.publicKey && phone.boxes.key(of: BoxID(4821)!) == key)
+            // Enrolled for alice: its push at her prompt is taken.
+            let prompt = try await h.prompt()
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            try await link.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "paired")))
+            guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("the paired phone's push was not held"); return }
+            #expect(await h.box.take(prompt, wait: .seconds(5)).pushedUser == "alice")
+            await h.box.report(prompt, .accepted, reason: "")
+            await link.close()
+            // Paired already: pairing again needs --replace.
+            await #expect(throws: PhoneFailure.self) { _ = try await phone.pair(BoxID(4821)!, code: code, replace: false, radio: radio) }
+        }
+    }
+
+    @Test func aWrongCodePinsNothingAndCostsATry() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await unpairedPhone(h, 0x02)
+            let code = try await adminCode(h, for: "alice")
+            let wrong = PairingCode(String(format: "%06d", (Int(code.text)! + 1) % 1_000_000))!
+            do {
+                _ = try await phone.pair(BoxID(4821)!, code: wrong, replace: false, radio: radio)
+                Issue.record("paired under a wrong code")
+            } catch let error as PhoneFailure {
+                #expect(error.outcome == .pairingFailed, "\(error)")
+            }
+            #expect(phone.boxes.key(of: BoxID(4821)!) == nil)
+            // Under a wrong code the phone cannot read the box's answer and hangs up: the box
+            // sees a phone that left without proving the code, and counts the try.
+            try await h.journal.line(containing: "pairing attempt", "2 tries left")
+            try await h.journal.line(containing: "pairing failed", "without proving the code")
+            // The right code still pairs (a try is gone, not the code).
+            _ = try await phone.pair(BoxID(4821)!, code: code, replace: false, radio: radio)
+            #expect(phone.boxes.key(of: BoxID(4821)!) == h.box.identity.keyPair.publicKey)
         }
     }
 }
