@@ -263,17 +263,12 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         return GATTService(uuid: wanted, characteristics: characteristics)
     }
 
-    private func characteristicPath(_ uuid: String) async throws -> String {
+    private func characteristicPath(_ uuid: String) throws -> String {
         let wanted = uuid.lowercased()
-        func lookUp() -> String? {
-            central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/")
-                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key
+        guard let p = central.objects.objects(with: BlueZ.gattCharacteristic, under: path + "/")
+                .first(where: { $0.value["UUID"]?.string?.lowercased() == wanted })?.key else {
+            throw RadioError.characteristicNotFound(uuid)
         }
-        if let p = lookUp() { return p }
-        // Not here yet: the objects of a service arrive one signal each, and `discover` settles
-        // for the first of them (bluezoo, now and then, on a reconnection). Ask once.
-        try? await central.objects.reload()
-        guard let p = lookUp() else { throw RadioError.characteristicNotFound(uuid) }
         return p
     }
 
@@ -281,7 +276,7 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
                       sent: (@Sendable () -> Void)? = nil) async throws -> [DBusValue] {
         guard !state.withLockedValue({ $0.ended }) else { sent?(); throw RadioError.notConnected }
         let p: String
-        do { p = try await characteristicPath(characteristic) } catch { sent?(); throw error }
+        do { p = try characteristicPath(characteristic) } catch { sent?(); throw error }
         do {
             return try await central.bus.call(BlueZ.service, p, BlueZ.gattCharacteristic, member, arguments, timeout: .seconds(10), sent: sent)
         } catch {
@@ -303,7 +298,7 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
     }
 
     func subscribe(_ characteristic: String) async throws {
-        let p = try await characteristicPath(characteristic)
+        let p = try characteristicPath(characteristic)
         state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
         _ = try await call(characteristic, "StartNotify", [])
     }
@@ -315,7 +310,7 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
     func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         let limit = await mtu - 3
         if let long = fragments.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
-        let p = try await characteristicPath(characteristic)
+        let p = try characteristicPath(characteristic)
         state.withLockedValue { $0.subscribed[p] = characteristic.lowercased() }
         // `sent` runs exactly once, on every path (the call made or failed), so the wait below
         // ends; a continuation, not a stream, so cancellation cannot end it early and reorder.
@@ -351,7 +346,7 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
     }
 
     func unsubscribe(_ characteristic: String) async throws {
-        let p = try await characteristicPath(characteristic)
+        let p = try characteristicPath(characteristic)
         _ = try await call(characteristic, "StopNotify", [])
         state.withLockedValue { _ = $0.subscribed.removeValue(forKey: p) }
     }

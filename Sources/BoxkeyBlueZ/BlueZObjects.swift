@@ -101,14 +101,17 @@ final class BlueZObjects: Sendable {
 
     init(bus: DBusConnection) async throws {
         self.bus = bus
-        let added = try await bus.signals(SignalMatch(sender: BlueZ.service, interface: "org.freedesktop.DBus.ObjectManager"))
-        let changed = try await bus.signals(SignalMatch(sender: BlueZ.service, pathNamespace: "/org/bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged"))
-        let deviceSignals = try await bus.signals(SignalMatch(sender: BlueZ.service, pathNamespace: "/org/bluez", interface: BlueZ.device))
+        // Every signal of bluetoothd's in one stream, applied in the order it sent them: a
+        // link's GATT objects (InterfacesAdded) are in the mirror before the ServicesResolved
+        // that follows them. (Three streams, one per kind, applied in any order between
+        // them: a phone was told its services were resolved before it saw them, seen over
+        // bluezoo as characteristicNotFound.)
+        let bluez = try await bus.signals(SignalMatch(sender: BlueZ.service))
         let owner = try await bus.signals(SignalMatch(sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged"))
         try? await reload()
         let task = Task { [weak self] in
             await withTaskGroup(of: Void.self) { group in
-                for stream in [added, changed, deviceSignals, owner] {
+                for stream in [bluez, owner] {
                     group.addTask { for await m in stream { self?.apply(m) } }
                 }
             }

@@ -132,6 +132,35 @@ import Testing
         }
     }
 
+    /// A message that stops mid-way on an open channel is dropped at the documented 5 s, not
+    /// at the next deadline the timer loop happened to know (the 10 s command timeout).
+    @Test func aStalledMessageIsDroppedAfterFiveSeconds() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var raw = try await RawPhone.connect(h, 0x62)
+            try await raw.send(try phone.start())
+            _ = try phone.receive(try #require(await raw.receive()))
+            let sealed = try phone.sealRawForTest([UInt8](repeating: 0x7e, count: 200))
+            let start = ContinuousClock.now
+            try await raw.write([try Framing.fragment(sealed, mtu: 23, channel: raw.channel)[0]])
+            #expect(await raw.receive() == nil)
+            let waited = ContinuousClock.now - start
+            #expect(waited >= .milliseconds(4900) && waited < .milliseconds(6500), "dropped after \(waited)")
+        }
+    }
+
+}
+
+/// The attacks on another connection's channel, and unknown versions: a lane of their own
+/// beside `AttackTests` (each is a box per backend, bluezoo's the slowest).
+@Suite(.serialized, .timeLimit(.minutes(1))) struct ChannelAttackTests {
+    typealias RawPhone = AttackTests.RawPhone
+    let attacks = AttackTests()
+    func advert(_ h: BoxHarness) async throws -> Advertisement { try await attacks.advert(h) }
+    func enrolledKey(_ h: BoxHarness) async -> KeyPair { await attacks.enrolledKey(h) }
+    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws { try await h.honestLogin(n) }
+
     /// Notifications reach every subscribed phone, tagged with the connection's channel. A
     /// phone that copies another connection's channel (seen on the air) is hung up on without a
     /// word: anything the box said on that channel would reach the other phone.
@@ -178,24 +207,6 @@ import Testing
             try await a.send(try honest.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "a"))))
             guard case .loginResult(let result) = try honest.receive(try #require(await a.receive())) else { Issue.record("no login result"); return }
             #expect(result.outcome == .notAtPrompt)
-        }
-    }
-
-    /// A message that stops mid-way on an open channel is dropped at the documented 5 s, not
-    /// at the next deadline the timer loop happened to know (the 10 s command timeout).
-    @Test func aStalledMessageIsDroppedAfterFiveSeconds() async throws {
-        let h = try await BoxHarness()
-        try await h.run {
-            var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
-            var raw = try await RawPhone.connect(h, 0x62)
-            try await raw.send(try phone.start())
-            _ = try phone.receive(try #require(await raw.receive()))
-            let sealed = try phone.sealRawForTest([UInt8](repeating: 0x7e, count: 200))
-            let start = ContinuousClock.now
-            try await raw.write([try Framing.fragment(sealed, mtu: 23, channel: raw.channel)[0]])
-            #expect(await raw.receive() == nil)
-            let waited = ContinuousClock.now - start
-            #expect(waited >= .milliseconds(4900) && waited < .milliseconds(6500), "dropped after \(waited)")
         }
     }
 
