@@ -37,10 +37,10 @@ extension Agent {
                 guard let rssi = box.rssi else { heardNear[id] = nil; continue }
                 // Readings from just before the prompt appeared count (a prompt that opens beside
                 // a phone needs one scan that sees it, not three), but only fresh ones: a reading
-                // older than `freshness` (a walk away, a suspended phone: ContinuousClock counts
+                // older than `freshness` (a walk away, a suspended phone: the agent's clock counts
                 // the suspension) starts the count again. The reading that sees the prompt must
                 // itself be near: a mean cannot carry a phone already walking away.
-                let heardAt = ContinuousClock.now
+                let heardAt = clock.now
                 let fresh = heardNear[id, default: []].filter { heardAt - $0.at <= Self.freshness(proximity) }
                 let recent = Array((fresh + [(at: heardAt, rssi: rssi)]).suffix(proximity.samples))
                 heardNear[id] = recent
@@ -59,7 +59,7 @@ extension Agent {
                 $0.advertisement.flags.contains(.loginPromptWaiting) && ($0.rssi ?? .min) >= proximity.thresholdDBm - 20
             }
             while !approaching, clock.now - scanStarted < Self.idleScanPeriod {
-                try? await Task.sleep(for: .milliseconds(50))
+                try? await clock.sleep(for: .milliseconds(50))
                 followWalks()
             }
         }
@@ -80,8 +80,9 @@ extension Agent {
     private func listenOnce(for pinned: [BoxID: PublicKey]) async -> [BoxID: HeardBox] {
         let results = radio.central.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID], duplicates: true))
         let heard = NIOLockedValueBox<[BoxID: HeardBox]>([:])
+        let clock = clock
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { try? await Task.sleep(for: .seconds(1)) }
+            group.addTask { try? await clock.sleep(for: .seconds(1)) }
             group.addTask {
                 do {
                     for try await result in results {
@@ -93,13 +94,13 @@ extension Agent {
                         if all { return }
                     }
                 } catch {}
-                try? await Task.sleep(for: .seconds(1))  // a radio that failed: wait out the second, not a tight loop
+                try? await clock.sleep(for: .seconds(1))  // a radio that failed: wait out the second, not a tight loop
             }
             // The simulated radio's walks, followed while listening (a real phone just moves).
             if radio.canWalk {
                 group.addTask {
                     while !Task.isCancelled {
-                        try? await Task.sleep(for: .milliseconds(50))
+                        try? await clock.sleep(for: .milliseconds(50))
                         await self.followWalks()
                     }
                 }

@@ -13,8 +13,8 @@ public actor Agent {
     struct Held {
         let user: String
         let password: SecureBytes
-        let until: ContinuousClock.Instant
-        let unlockedAt: ContinuousClock.Instant
+        let until: Duration
+        let unlockedAt: Duration
     }
 
     /// Proximity login (opt-in: `boxkey agent start --proximity`): when a paired box's prompt
@@ -34,7 +34,9 @@ public actor Agent {
     let radio: any PhoneRadio
     private let lifetime: Duration
     let log: @Sendable (String) -> Void
-    let clock = ContinuousClock()
+    /// The agent's time: CLOCK_BOOTTIME (`BootClock`), so a suspend counts; a test's
+    /// `ManualClock`.
+    let clock: any RadioClock
     var held: Held?
     var presence: PresenceLink?
     var busy = false
@@ -55,14 +57,16 @@ public actor Agent {
 
     let proximity: Proximity?
     /// RSSI heard per box, with when, newest last.
-    var heardNear: [BoxID: [(at: ContinuousClock.Instant, rssi: Int)]] = [:]
+    var heardNear: [BoxID: [(at: Duration, rssi: Int)]] = [:]
     /// No new offer before this (after one ended, so a refused or ignored offer is not repeated
     /// at once).
-    var nextOffer: ContinuousClock.Instant?
+    var nextOffer: Duration?
     var scanning = false
 
-    public init(phone: Phone, radio: any PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, log: @escaping @Sendable (String) -> Void) {
+    public init(phone: Phone, radio: any PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, clock: any RadioClock = BootClock(),
+                log: @escaping @Sendable (String) -> Void) {
         self.proximity = proximity
+        self.clock = clock
         self.phone = phone
         self.radio = radio
         self.lifetime = lifetime
@@ -172,7 +176,7 @@ public actor Agent {
                            _ job: () async throws -> AgentReply?) async {
         let deadline = clock.now + wait
         while busy, clock.now < deadline, !stopRequested {
-            try? await Task.sleep(for: .milliseconds(50))
+            try? await clock.sleep(for: .milliseconds(50))
         }
         guard !busy else { reply(.result(.failure, message: "the agent is busy with another request; try again", details: "")); return }
         busy = true

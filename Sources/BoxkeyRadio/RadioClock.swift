@@ -31,3 +31,22 @@ public struct MonotonicClock: RadioClock {
         try Task.checkCancellation()
     }
 }
+
+/// CLOCK_BOOTTIME: CLOCK_MONOTONIC that also counts time suspended (as Swift's ContinuousClock
+/// does on Linux). For what must age while the machine sleeps: the phone agent's held
+/// credentials and its proximity readings.
+public struct BootClock: RadioClock {
+    public init() {}
+
+    public var now: Duration {
+        var ts = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &ts)
+        return .seconds(ts.tv_sec) + .nanoseconds(ts.tv_nsec)
+    }
+
+    public func sleep(until deadline: Duration) async throws {
+        let remaining = deadline - now
+        if remaining > .zero { try await Task.sleep(for: remaining) }
+        try Task.checkCancellation()
+    }
+}

@@ -53,21 +53,22 @@ public final class ManualClock: RadioClock {
     /// then says so instead of hanging).
     public func someoneSleeps(until deadline: Duration, timeout: Duration = .seconds(10)) async -> Bool {
         let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
-        let (seconds, attoseconds) = timeout.components
-        DispatchQueue.global().asyncAfter(deadline: .now() + Double(seconds) + Double(attoseconds) / 1e18) { [state] in
-            let late = state.withLockedValue { s -> CheckedContinuation<Bool, Never>? in
-                guard let i = s.watchers.firstIndex(where: { $0.id == id }) else { return nil }
-                return s.watchers.remove(at: i).continuation
-            }
-            late?.resume(returning: false)
-        }
         return await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
             let already = state.withLockedValue { s -> Bool in
                 if s.sleepers.values.contains(where: { $0.deadline == deadline }) { return true }
                 s.watchers.append((id, deadline, c))
                 return false
             }
-            if already { c.resume(returning: true) }
+            if already { c.resume(returning: true); return }
+            // Set once the watcher is there, so that the timer always finds it.
+            let (seconds, attoseconds) = timeout.components
+            DispatchQueue.global().asyncAfter(deadline: .now() + Double(seconds) + Double(attoseconds) / 1e18) { [state] in
+                let late = state.withLockedValue { s -> CheckedContinuation<Bool, Never>? in
+                    guard let i = s.watchers.firstIndex(where: { $0.id == id }) else { return nil }
+                    return s.watchers.remove(at: i).continuation
+                }
+                late?.resume(returning: false)
+            }
         }
     }
 

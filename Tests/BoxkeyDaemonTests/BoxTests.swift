@@ -258,7 +258,7 @@ final class BluezooPhones: Sendable {
     func close() { given.withLockedValue { $0.centrals.values.forEach { $0.close() } } }
 }
 
-@Suite(.serialized) struct BoxTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct BoxTests {
     @Test func floodingAddressIsCutOffWhileOtherPhonesLogIn() async throws {
         // The garbage is a continuation before any first fragment, which the box holds until
         // the handshake timeout: 1 s here, not the default 5.
@@ -507,7 +507,7 @@ final class RecordingLink: CentralLink {
     func disconnect() async { note("disconnect"); await inner.disconnect() }
 }
 
-@Suite(.serialized) struct BoxLinkTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct BoxLinkTests {
     /// A phone done with a box unsubscribes from its notifications before it disconnects, as
     /// a well-behaved central does (BlueZ would otherwise keep notifying a central on its way out).
     @Test func closingUnsubscribesBeforeDisconnecting() async throws {

@@ -68,7 +68,7 @@ func onThread<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
 
 let consolePrompt = PAMRequest.waitForPush(.init(service: "login", tty: "tty1", display: "", expectedUser: "alice", timeoutMilliseconds: 5000))
 
-@Suite(.serialized) struct BridgeTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct BridgeTests {
     @Test(arguments: AirBackend.allCases) func aPromptOverTheSocketTakesThePushAtEnterAndReportsTheVerdict(_ air: AirBackend) async throws {
         let s = try await SocketHarness(air)
         try await s.run {

@@ -7,7 +7,7 @@ import Testing
 
 /// A prompt is open while the program asks for the password; a phone's push waits there for
 /// Enter (`Box.take`), and nothing waits for a phone that is not coming.
-@Suite(.serialized) struct EnterTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct EnterTests {
     func push(_ h: BoxHarness, _ n: UInt8 = 0x31, user: String = "alice", password: String = "pw") async throws -> BoxLink {
         try await h.push(n, user: user, password: password)
     }

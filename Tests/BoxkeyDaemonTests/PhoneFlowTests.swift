@@ -12,7 +12,7 @@ import Testing
 /// moved on or the connection's setup failed, and no more. The phone's radio is the simulated
 /// air's, seen through `CountingCentral`, which counts what the phone asked of it and can fail
 /// connections on purpose.
-@Suite(.serialized) struct PhoneFlowTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct PhoneFlowTests {
     /// A phone whose radio counts scans and connections, and fails the first `failing` connects
     /// as a Bluetooth stack's GATT setup can.
     final class CountingCentral: CentralRadio {
@@ -133,7 +133,7 @@ import Testing
 
 /// Pairing (`Phone.pair`, Pairing.swift) against the real box: the code an admin had the box
 /// issue pins the box's key and enrols the phone; a wrong code pins nothing and costs a try.
-@Suite(.serialized) struct PairingFlowTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct PairingFlowTests {
     func unpairedPhone(_ h: BoxHarness, _ n: UInt8) async throws -> (Phone, any CentralRadio) {
         let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
         let dirs = PhoneDirectories(environment: ["HOME": home])

@@ -6,7 +6,7 @@ import Testing
 
 /// Walk-away on a session that nothing locks (a text console: logind's LockSession only signals
 /// it, and LockedHint stays false): `[presence] not_locked` decides.
-@Suite(.serialized) struct WalkAwayTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct WalkAwayTests {
     /// alice logs in with her phone into session `id` (of `type`; opened by the push, so bound to
     /// the phone by its ticket, unless `bound` is false), then the phone leaves.
     func walkAway(_ h: BoxHarness, session id: String, type: String, bound: Bool = true) async throws {

@@ -328,7 +328,7 @@ extension BoxState {
     mutating func startedPresence(phone: PublicKey, user: String, now: Duration) -> PresenceMonitor {
         emit(.presenceChanged)
         wakeTimers()
-        log(.debug, "presence link up: phone \(phone.fingerprint) user \(logSafe(user)); RSSI every \(config.rssiInterval)")
+        audit(.info, .presence, "presence link up: phone \(phone.fingerprint) user \(logSafe(user)); walk-away on link loss, missed keepalives or a weak signal", phone: phone.fingerprint, user: user)
         return PresenceMonitor(phone: phone, user: user, settings: presenceSettings, now: now)
     }
 

@@ -194,7 +194,8 @@ extension BoxState {
         }
         let away = checkPresence(id, now: now)
         if change == nil, away == nil {
-            log(.debug, "RSSI of \(id): \(rssi.map { "\($0) dBm" } ?? "unreadable") (mean \(Int(p.mean.rounded())) dBm)")
+            let mean = p.mean == 0 ? "no readings yet" : "mean \(Int(p.mean.rounded())) dBm"
+            log(.debug, "RSSI of \(id): \(rssi.map { "\($0) dBm" } ?? "unreadable") (\(mean))")
         }
         return away
     }
