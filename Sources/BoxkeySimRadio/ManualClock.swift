@@ -31,15 +31,23 @@ public final class ManualClock: RadioClock {
         let id = state.withLockedValue { s -> UInt64 in s.nextID += 1; return s.nextID }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
-                let (resumeNow, watching) = state.withLockedValue { s -> (Bool, [CheckedContinuation<Bool, Never>]) in
-                    if deadline <= s.now { return (true, []) }
+                enum Now { case due, cancelled, asleep([CheckedContinuation<Bool, Never>]) }
+                let now = state.withLockedValue { s -> Now in
+                    if deadline <= s.now { return .due }
+                    // Cancelled before this point, the handler below found nothing to end: a
+                    // sleeper registered now would wait for an `advance` that may never come
+                    // (a test's services cancelled at its end hung the whole run so).
+                    if Task.isCancelled { return .cancelled }
                     s.sleepers[id] = Sleeper(deadline: deadline, continuation: c)
                     let watching = s.watchers.filter { $0.deadline == deadline }.map(\.continuation)
                     s.watchers.removeAll { $0.deadline == deadline }
-                    return (false, watching)
+                    return .asleep(watching)
                 }
-                if resumeNow { c.resume() }
-                for w in watching { w.resume(returning: true) }
+                switch now {
+                case .due: c.resume()
+                case .cancelled: c.resume(throwing: CancellationError())
+                case .asleep(let watching): for w in watching { w.resume(returning: true) }
+                }
             }
         } onCancel: {
             let sleeper = state.withLockedValue { $0.sleepers.removeValue(forKey: id) }
