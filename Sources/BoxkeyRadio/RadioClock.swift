@@ -18,18 +18,8 @@ extension RadioClock {
 /// CLOCK_MONOTONIC: one time base for every process on the machine.
 public struct MonotonicClock: RadioClock {
     public init() {}
-
-    public var now: Duration {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return .seconds(ts.tv_sec) + .nanoseconds(ts.tv_nsec)
-    }
-
-    public func sleep(until deadline: Duration) async throws {
-        let remaining = deadline - now
-        if remaining > .zero { try await Task.sleep(for: remaining) }
-        try Task.checkCancellation()
-    }
+    public var now: Duration { kernelTime(CLOCK_MONOTONIC) }
+    public func sleep(until deadline: Duration) async throws { try await kernelSleep(until: deadline, now: now) }
 }
 
 /// CLOCK_BOOTTIME: CLOCK_MONOTONIC that also counts time suspended (as Swift's ContinuousClock
@@ -37,16 +27,17 @@ public struct MonotonicClock: RadioClock {
 /// credentials and its proximity readings.
 public struct BootClock: RadioClock {
     public init() {}
+    public var now: Duration { kernelTime(CLOCK_BOOTTIME) }
+    public func sleep(until deadline: Duration) async throws { try await kernelSleep(until: deadline, now: now) }
+}
 
-    public var now: Duration {
-        var ts = timespec()
-        clock_gettime(CLOCK_BOOTTIME, &ts)
-        return .seconds(ts.tv_sec) + .nanoseconds(ts.tv_nsec)
-    }
+private func kernelTime(_ clock: clockid_t) -> Duration {
+    var ts = timespec()
+    clock_gettime(clock, &ts)
+    return .seconds(ts.tv_sec) + .nanoseconds(ts.tv_nsec)
+}
 
-    public func sleep(until deadline: Duration) async throws {
-        let remaining = deadline - now
-        if remaining > .zero { try await Task.sleep(for: remaining) }
-        try Task.checkCancellation()
-    }
+private func kernelSleep(until deadline: Duration, now: Duration) async throws {
+    if deadline > now { try await Task.sleep(for: deadline - now) }
+    try Task.checkCancellation()
 }
