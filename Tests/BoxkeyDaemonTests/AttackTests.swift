@@ -59,25 +59,11 @@ import Testing
         }
     }
 
-    /// The box's current advertisement, as a phone hears it.
-    func advert(_ h: BoxHarness) async throws -> Advertisement {
-        try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
-    }
-
-    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws { try await h.honestLogin(n) }
-
-    /// A key enrolled at the box for alice: these attacks come from an enrolled (malicious or
-    /// recorded) phone, since unknown keys are refused right after message 1.
-    func enrolledKey(_ h: BoxHarness) async -> KeyPair {
-        let key = KeyPair.generate()
-        _ = await h.box.enrolPhone(key: hex(key.publicKey.bytes), user: "alice", name: "attacker")
-        return key
-    }
 
     @Test(arguments: AirBackend.allCases) func replayedHandshakeIsRefused(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
-            var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var phone = PhoneConnection(identity: await h.enrolledKey(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await h.advertisement())
             let recorded = try phone.start()
             var first = try await RawPhone.connect(h, 0x10)
             try await first.send(recorded)
@@ -87,7 +73,7 @@ import Testing
             var replay = try await RawPhone.connect(h, 0x11)
             try await replay.send(recorded)
             #expect(await replay.receive() == Envelope.refusal(Refusal(.replayedHandshake)).encode())
-            try await honestLogin(h)
+            try await h.honestLogin()
         }
     }
 
@@ -95,9 +81,9 @@ import Testing
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
-            let phoneKey = await enrolledKey(h)
+            let phoneKey = await h.enrolledKey()
             // The victim's session: the attacker records its credential message.
-            var victim = PhoneConnection(identity: phoneKey, boxKey: key, advertisement: try await advert(h))
+            var victim = PhoneConnection(identity: phoneKey, boxKey: key, advertisement: try await h.advertisement())
             var a = try await RawPhone.connect(h, 0x20)
             try await a.send(try victim.start())
             _ = try victim.receive(try #require(await a.receive()))
@@ -105,7 +91,7 @@ import Testing
             await a.link.disconnect()
             // The attacker opens its own channel and plays the recording into it.
             let prompt = try await h.prompt(tty: "tty9", seconds: 3)
-            var attacker = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
+            var attacker = PhoneConnection(identity: await h.enrolledKey(), boxKey: key, advertisement: try await h.advertisement())
             var b = try await RawPhone.connect(h, 0x21)
             try await b.send(try attacker.start())
             _ = try attacker.receive(try #require(await b.receive()))
@@ -114,21 +100,21 @@ import Testing
             // Nothing reached the prompt: Enter there finds no push, and the prompt goes away.
             #expect(await h.box.take(prompt, wait: .seconds(10)).pushedUser == nil)
             await h.box.promptClosed(prompt)
-            try await honestLogin(h)
+            try await h.honestLogin()
         }
     }
 
     @Test(arguments: AirBackend.allCases) func staleAdvertisementFromARelayIsRefused(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
-            let old = try await advert(h)
+            let old = try await h.advertisement()
             await h.box.rotateNonce()
             await h.box.rotateNonce()
             var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: old)
             var raw = try await RawPhone.connect(h, 0x30)
             try await raw.send(try phone.start())
             #expect(await raw.receive() == Envelope.refusal(Refusal(.staleAdvertisement)).encode())
-            try await honestLogin(h)
+            try await h.honestLogin()
         }
     }
 
@@ -137,7 +123,7 @@ import Testing
     @Test func aStalledMessageIsDroppedAfterFiveSeconds() async throws {
         let h = try await BoxHarness()
         try await h.run {
-            var phone = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var phone = PhoneConnection(identity: await h.enrolledKey(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await h.advertisement())
             var raw = try await RawPhone.connect(h, 0x62)
             try await raw.send(try phone.start())
             _ = try phone.receive(try #require(await raw.receive()))
@@ -156,10 +142,6 @@ import Testing
 /// beside `AttackTests` (each is a box per backend, bluezoo's the slowest).
 @Suite(.serialized, .timeLimit(.minutes(1))) struct ChannelAttackTests {
     typealias RawPhone = AttackTests.RawPhone
-    let attacks = AttackTests()
-    func advert(_ h: BoxHarness) async throws -> Advertisement { try await attacks.advert(h) }
-    func enrolledKey(_ h: BoxHarness) async -> KeyPair { await attacks.enrolledKey(h) }
-    func honestLogin(_ h: BoxHarness, _ n: UInt8 = 0x01) async throws { try await h.honestLogin(n) }
 
     /// Notifications reach every subscribed phone, tagged with the connection's channel. A
     /// phone that copies another connection's channel (seen on the air) is hung up on without a
@@ -168,10 +150,10 @@ import Testing
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
-            var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
+            var honest = PhoneConnection(identity: await h.enrolledKey(), boxKey: key, advertisement: try await h.advertisement())
             var a = try await RawPhone.connect(h, 0x60)
             var copycat = try await RawPhone.connect(h, 0x61, channel: a.channel)
-            var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await advert(h))
+            var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await h.advertisement())
             let first = try honest.start()
             try await a.send(first)
             // The box hangs up at the first fragment: over BlueZ the rest of the send may fail.
@@ -183,7 +165,7 @@ import Testing
             var heard: [[UInt8]] = []
             while let m = await copycat.receive() { heard.append(m) }
             #expect(heard.allSatisfy { $0 == answer })
-            try await honestLogin(h)
+            try await h.honestLogin()
         }
     }
 
@@ -194,7 +176,7 @@ import Testing
         let h = try await BoxHarness(air)
         try await h.run {
             let key = h.box.identity.keyPair.publicKey
-            var honest = PhoneConnection(identity: await enrolledKey(h), boxKey: key, advertisement: try await advert(h))
+            var honest = PhoneConnection(identity: await h.enrolledKey(), boxKey: key, advertisement: try await h.advertisement())
             var a = try await RawPhone.connect(h, 0x63)
             try await a.send(try honest.start())
             _ = try honest.receive(try #require(await a.receive()))
@@ -213,7 +195,7 @@ import Testing
     @Test(arguments: AirBackend.allCases) func unknownVersionAndMessageType(_ air: AirBackend) async throws {
         let h = try await BoxHarness(air)
         try await h.run {
-            var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var phone = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await h.advertisement())
             var first = try phone.start()
             first[0] = 9
             var raw = try await RawPhone.connect(h, 0x50)
@@ -221,15 +203,25 @@ import Testing
             #expect(await raw.receive() == Envelope.refusal(Refusal(.unsupportedVersion)).encode())
 
             // A valid channel carrying an application message type this version does not know.
-            var second = PhoneConnection(identity: await enrolledKey(h), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await advert(h))
+            var second = PhoneConnection(identity: await h.enrolledKey(), boxKey: h.box.identity.keyPair.publicKey, advertisement: try await h.advertisement())
             var raw2 = try await RawPhone.connect(h, 0x51)
             try await raw2.send(try second.start())
             _ = try second.receive(try #require(await raw2.receive()))
             try await raw2.send(try second.sealRawForTest([0x7e]))
             let error = try #require(await raw2.receive())
             #expect(throws: PhoneConnection.Error.boxError(ChannelError(.malformed, detail: "unknownType(126)"))) { try second.receive(error) }
-            try await honestLogin(h)
+            try await h.honestLogin()
         }
+    }
+}
+
+extension BoxHarness {
+    /// A key enrolled at the box for alice: these attacks come from an enrolled (malicious or
+    /// recorded) phone, since unknown keys are refused right after message 1.
+    func enrolledKey() async -> KeyPair {
+        let key = KeyPair.generate()
+        _ = await box.enrolPhone(key: hex(key.publicKey.bytes), user: "alice", name: "attacker")
+        return key
     }
 }
 

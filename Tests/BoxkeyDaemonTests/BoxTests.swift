@@ -154,6 +154,11 @@ struct BoxHarness {
         try await journal.line(after: mark) { $0.message.hasPrefix(prefix) }
     }
 
+    /// The box's current advertisement, as a phone hears it.
+    func advertisement() async throws -> Advertisement {
+        try Advertisement.decode(await box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+    }
+
     /// A phone on the air, enrolled at the box for `enrolledFor` (nil: a stranger's phone).
     func phone(_ n: UInt8, enrolledFor user: String? = nil) async throws -> (PhoneIdentity, any CentralRadio) {
         let identity = PhoneIdentity(keyPair: KeyPair.generate(), deviceSecret: SecureBytes.random(count: 32))
@@ -279,7 +284,7 @@ final class BluezooPhones: Sendable {
             // The address is over its budget: an unknown key from it is refused after message 1 (as not enrolled: it is not).
             let again = try await attacker.connect(to: DeviceAddress("00:B0:C5:00:48:21")!, timeout: .seconds(5))
             try await again.subscribe(BoxkeyProtocol.responseCharacteristicUUID)
-            let advert = try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
+            let advert = try await h.advertisement()
             var stranger = PhoneConnection(identity: KeyPair.generate(), boxKey: h.box.identity.keyPair.publicKey, advertisement: advert)
             let channel = FrameChannel.random()
             for f in try Framing.fragment(try stranger.start(), mtu: 23, channel: channel) {

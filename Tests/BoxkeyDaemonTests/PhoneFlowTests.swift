@@ -42,42 +42,28 @@ import Testing
 
     /// A phone paired with the harness's box and enrolled there for alice; its radio counted.
     func pairedPhone(_ h: BoxHarness, _ n: UInt8) async throws -> (Phone, CountingCentral) {
-        let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
-        let dirs = PhoneDirectories(environment: ["HOME": home])
-        let identity = try PhoneIdentity.loadOrCreate(dirs)
-        _ = await h.box.enrolPhone(key: hex(identity.keyPair.publicKey.bytes), user: "alice", name: "flow \(n)")
-        var boxes = try PairedBoxes.load(dirs)
-        try boxes.pin(BoxID(4821)!, key: h.box.identity.keyPair.publicKey, address: BoxHarness.boxAddress)
-        let central = CountingCentral(try await h.central(DeviceAddress(String(format: "00:50:48:00:02:%02X", n))!))
-        return (Phone(dirs: dirs, identity: identity, boxes: boxes), central)
+        var phone = try freshPhone()
+        _ = await h.box.enrolPhone(key: hex(phone.identity.keyPair.publicKey.bytes), user: "alice", name: "flow \(n)")
+        try phone.boxes.pin(BoxID(4821)!, key: h.box.identity.keyPair.publicKey, address: BoxHarness.boxAddress)
+        return (phone, CountingCentral(try await h.central(DeviceAddress(String(format: "00:50:48:00:02:%02X", n))!)))
     }
 
     /// What the box advertises now, as a phone would have heard it.
     func heardNow(_ h: BoxHarness) async throws -> HeardBox {
-        let advert = try Advertisement.decode(await h.box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
-        return HeardBox(address: BoxHarness.boxAddress, advertisement: advert, rssi: nil)
+        HeardBox(address: BoxHarness.boxAddress, advertisement: try await h.advertisement(), rssi: nil)
     }
 
-    @Test func aBoxHeardMomentsAgoIsReachedWithoutAScan() async throws {
+    /// Heard within the box's nonce lifetime (55 s of its 60 s rotation), the phone connects
+    /// where it heard the box; heard longer ago, it listens first, since an old nonce in the
+    /// handshake would be refused.
+    @Test(arguments: [(heardAgo: 50.0, scans: 0), (heardAgo: 56.0, scans: 1)])
+    func theCachedAddressServesWhileItsNonceLives(_ cached: (heardAgo: Double, scans: Int)) async throws {
         let h = try await BoxHarness()
         try await h.run {
-            var (phone, radio) = try await pairedPhone(h, 0x01)
-            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date().addingTimeInterval(-50))
+            var (phone, radio) = try await pairedPhone(h, cached.scans == 0 ? 0x01 : 0x02)
+            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date().addingTimeInterval(-cached.heardAgo))
             let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
-            #expect(radio.scans == 0 && radio.connects == 1)
-            await link.close()
-        }
-    }
-
-    /// Heard longer ago than the box's nonce lives (55 s of its 60 s rotation): the phone
-    /// listens first, since an old nonce in the handshake would be refused.
-    @Test func aBoxHeardTooLongAgoIsFoundByAScanFirst() async throws {
-        let h = try await BoxHarness()
-        try await h.run {
-            var (phone, radio) = try await pairedPhone(h, 0x02)
-            try phone.boxes.remember(BoxID(4821)!, heard: try await heardNow(h), at: Date().addingTimeInterval(-56))
-            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
-            #expect(radio.scans == 1 && radio.connects == 1)
+            #expect(radio.scans == cached.scans && radio.connects == 1)
             await link.close()
         }
     }
@@ -135,10 +121,7 @@ import Testing
 /// issue pins the box's key and enrols the phone; a wrong code pins nothing and costs a try.
 @Suite(.serialized, .timeLimit(.minutes(1))) struct PairingFlowTests {
     func unpairedPhone(_ h: BoxHarness, _ n: UInt8) async throws -> (Phone, any CentralRadio) {
-        let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
-        let dirs = PhoneDirectories(environment: ["HOME": home])
-        let phone = Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs))
-        return (phone, try await h.central(DeviceAddress(String(format: "00:50:48:00:03:%02X", n))!))
+        (try freshPhone(), try await h.central(DeviceAddress(String(format: "00:50:48:00:03:%02X", n))!))
     }
 
     /// `boxkeyd pair --user alice`: the code the box shows the admin.
@@ -191,4 +174,11 @@ import Testing
             #expect(phone.boxes.key(of: BoxID(4821)!) == h.box.identity.keyPair.publicKey)
         }
     }
+}
+
+/// A phone with a fresh identity in a home folder of its own, paired with nothing.
+func freshPhone() throws -> Phone {
+    let home = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-phone-\(UUID().uuidString.prefix(8))").path
+    let dirs = PhoneDirectories(environment: ["HOME": home])
+    return Phone(dirs: dirs, identity: try PhoneIdentity.loadOrCreate(dirs), boxes: try PairedBoxes.load(dirs))
 }
