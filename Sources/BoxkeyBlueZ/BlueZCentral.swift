@@ -303,10 +303,14 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         _ = try await call(characteristic, "StartNotify", [])
     }
 
-    /// StartNotify, then the fragments' WriteValue calls once StartNotify is on the bus, not
-    /// after its reply. bluetoothd may put the commands on the air before the CCCD's request
-    /// (its ATT queue sends commands first), but the last fragment is a request, which waits
-    /// for the CCCD's response: the box cannot have the whole message before the subscription.
+    /// StartNotify, then the fragments' WriteValue calls as commands, not after StartNotify's
+    /// reply (the CCCD's round trip) but after one quick D-Bus round trip to bluetoothd. That
+    /// one is for the order on the air: bluetoothd's ATT queue sends queued commands ahead of a
+    /// queued request, so commands dispatched with StartNotify would overtake the CCCD's Write
+    /// Request. bluetoothd dispatches D-Bus messages at idle priority, so by the time a message
+    /// sent after the round trip is dispatched, its main loop has written the queued CCCD
+    /// request. Nothing promises that; the box holds its answer until it sees a subscription,
+    /// and the phone sends message 1 again if the answer is lost (BoxLink).
     func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         let limit = await mtu - 3
         if let long = fragments.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
@@ -333,9 +337,10 @@ final class BlueZLink: CentralLink, @unchecked Sendable {
         var failure: (any Error)?
         do {
             try Task.checkCancellation()
-            for (i, value) in fragments.enumerated() {
-                let last = i == fragments.count - 1
-                _ = try await call(target, "WriteValue", [.bytes(value), .vardict(["type": .string(last ? "request" : "command")])])
+            _ = try? await central.bus.call(BlueZ.service, p, "org.freedesktop.DBus.Properties", "Get",
+                                            [.string(BlueZ.gattCharacteristic), .string("Notifying")], timeout: .seconds(2))
+            for value in fragments {
+                _ = try await call(target, "WriteValue", [.bytes(value), .vardict(["type": .string("command")])])
             }
         } catch { failure = error }
         let subscribed: Result<Void, any Error>

@@ -38,6 +38,10 @@ public actor BoxLink {
     private let clock = MonotonicClock()
     private let mtu: Int
     private var closed = false
+    /// Message 1, kept to be sent again while no answer comes (`awaitChannel`).
+    private var firstMessage: [UInt8] = []
+    /// The box's answer to it, to pass over when the box answers message 1 sent again.
+    private var firstAnswer: [UInt8]?
     public nonisolated var peer: DeviceAddress { link.peer }
     /// The box key the handshake proved.
     public nonisolated let boxKey: PublicKey
@@ -45,7 +49,8 @@ public actor BoxLink {
     /// Connects, subscribes and runs the handshake: a login handshake to a pinned key, or with
     /// `pairingCode` a pairing handshake that proves the code and verifies `boxKey`.
     public static func open(to box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity, radio: any CentralRadio,
-                            pairingCode: PairingCode? = nil, timeout: Duration = .seconds(10)) async throws -> BoxLink {
+                            pairingCode: PairingCode? = nil, timeout: Duration = .seconds(10),
+                            answerWait: Duration = answerWait) async throws -> BoxLink {
         let link: any CentralLink
         do {
             link = try await radio.connect(to: box.address, timeout: timeout)
@@ -53,7 +58,8 @@ public actor BoxLink {
         } catch {
             throw Failure.radio("\(error)")
         }
-        return try await handshake(on: link, box: box, boxKey: boxKey, identity: identity, pairingCode: pairingCode, timeout: timeout)
+        return try await handshake(on: link, box: box, boxKey: boxKey, identity: identity, pairingCode: pairingCode, timeout: timeout,
+                                   answerWait: answerWait)
     }
 
     /// Pairing over one connection: reads the box's Info (the key it claims, and its ID, which
@@ -89,19 +95,20 @@ public actor BoxLink {
             if error is RadioError { throw Failure.radio("\(error)") }
             throw error
         }
-        return (info, try await handshake(on: link, box: box, boxKey: info.staticKey, identity: identity, pairingCode: code, timeout: timeout))
+        return (info, try await handshake(on: link, box: box, boxKey: info.staticKey, identity: identity, pairingCode: code, timeout: timeout,
+                                          answerWait: answerWait))
     }
 
     /// Subscribes on a connected, discovered link and runs the handshake; the link is closed
     /// when that fails.
     private static func handshake(on link: any CentralLink, box: HeardBox, boxKey: PublicKey, identity: PhoneIdentity,
-                                  pairingCode: PairingCode?, timeout: Duration) async throws -> BoxLink {
+                                  pairingCode: PairingCode?, timeout: Duration, answerWait: Duration) async throws -> BoxLink {
         let session = BoxLink(link: link, connection: PhoneConnection(identity: identity.keyPair, boxKey: boxKey, advertisement: box.advertisement,
                                                                       pairingCode: pairingCode),
                               mtu: await link.mtu)
         do {
             try await session.start()
-            guard try await session.next(timeout: timeout) == .channelOpen else { throw Failure.protocolError("no channel") }
+            try await session.awaitChannel(timeout: timeout, answerWait: answerWait)
         } catch {
             await session.close()
             throw error
@@ -142,21 +149,51 @@ public actor BoxLink {
 
     deinit { reader.cancel() }
 
-    /// Enables the box's notifications and sends the handshake's first message without waiting
-    /// for the subscription's response. Its last fragment is a Write Request, which ATT keeps
-    /// behind the subscription's: the box has the whole message only once it has seen the
-    /// subscription, so its answer cannot go out before the phone listens (BlueZ's GATT server
-    /// tells a box of the first subscriber only, and drops a notification to a device that has
-    /// not subscribed). The other fragments, commands, may go first.
+    /// After the subscription is confirmed, how long the phone waits for the answer to message 1
+    /// before sending it again (`awaitChannel`). A box answers within a few connection events.
+    public static let answerWait: Duration = .milliseconds(400)
+
+    /// Enables the box's notifications and sends the handshake's first message, as Write
+    /// Commands, without waiting for the subscription's response: they share connection events.
+    /// The message may reach the box before the subscription does. The box then holds its
+    /// answer until it learns of the subscription; over BlueZ, whose GATT server tells a box of
+    /// a characteristic's first subscriber only, a box with another phone subscribed may answer
+    /// too soon, and the answer is dropped. `awaitChannel` sends message 1 again for that.
     private func start() async throws {
         let first: [UInt8]
         do { first = try connection.start() } catch { throw Failure.protocolError("\(error)") }
+        firstMessage = first
         do {
             let fragments = try Framing.fragment(first, mtu: mtu, channel: channel)
             try await link.subscribe(BoxkeyProtocol.responseCharacteristicUUID, thenWrite: BoxkeyProtocol.requestCharacteristicUUID, fragments: fragments)
         } catch let e as RadioError {
             if case .disconnected(let r) = e { throw Failure.linkLost(r) }
             throw Failure.radio("\(e)")
+        }
+    }
+
+    /// Waits for the box's answer to message 1. If none has come `answerWait` after the
+    /// subscription was confirmed, message 1 goes again on this link, the same bytes, which the
+    /// box answers again (up to `BoxConnection.maxRepeatedAnswers` times); an answer that comes
+    /// twice is taken once.
+    private func awaitChannel(timeout: Duration, answerWait: Duration) async throws {
+        let deadline = clock.now + timeout
+        var resent = 0
+        while true {
+            let mayResend = resent < BoxConnection.maxRepeatedAnswers
+            do {
+                guard try await next(timeout: mayResend ? min(answerWait, deadline - clock.now) : deadline - clock.now) == .channelOpen else {
+                    throw Failure.protocolError("no channel")
+                }
+                return
+            } catch Failure.timedOut(let what) {
+                guard mayResend, clock.now < deadline else { throw Failure.timedOut(what) }
+                resent += 1
+                // Fragments of a first answer cut short by the subscription would collide with
+                // the repeated answer's.
+                reassembler.reset()
+                try await write(firstMessage)
+            }
         }
     }
 
@@ -185,7 +222,13 @@ public actor BoxLink {
                     throw Failure.protocolError("bad fragment: \(error)")
                 }
                 guard let message else { continue }
-                do { return try connection.receive(message) } catch {
+                // The handshake's answer again: message 1 went twice and the box answered both.
+                if message == firstAnswer { continue }
+                do {
+                    let event = try connection.receive(message)
+                    if event == .channelOpen { firstAnswer = message }
+                    return event
+                } catch {
                     switch error {
                     case .refused(let r): throw Failure.refused(r)
                     case .boxAuthenticationFailed: throw Failure.keyChanged

@@ -36,12 +36,11 @@ public protocol CentralLink: Sendable {
     /// Enables notifications (writes the CCCD).
     func subscribe(_ characteristic: String) async throws
 
-    /// Enables notifications and writes one message's `fragments` to `target` without waiting
-    /// for the subscription's response: all but the last as Write Commands, the last as a Write
-    /// Request. The commands may reach the peripheral before the subscription does (BlueZ's ATT
-    /// queue sends queued commands ahead of queued requests); the last fragment cannot (one
-    /// request at a time, in order), so the message is whole at the peripheral only after the
-    /// subscription. Returns when the last fragment's response is in.
+    /// Enables notifications and writes one message's `fragments` to `target` as Write Commands
+    /// without waiting for the subscription's response, so they share connection events. The
+    /// commands may reach the peripheral before the subscription does (BlueZ's ATT queue sends
+    /// queued commands ahead of queued requests). Returns when the subscription's response is
+    /// in and every fragment has been handed to the link.
     func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws
 
     /// Disables notifications (writes the CCCD back to 0; BlueZ `StopNotify`): done before a
@@ -54,7 +53,7 @@ public protocol CentralLink: Sendable {
 }
 
 extension CentralLink {
-    /// One after the other, for a link with nothing better.
+    /// One after the other, the last fragment a Write Request, for a link with nothing better.
     public func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         try await subscribe(characteristic)
         for (i, value) in fragments.enumerated() { try await write(target, value: value, withResponse: i == fragments.count - 1) }

@@ -185,31 +185,27 @@ public final class SimulatedLink: CentralLink {
         try await subscribe(characteristic, thenWrite: characteristic, fragments: [])
     }
 
-    /// As BlueZ may put them on the air: the commands first (its ATT queue sends queued
-    /// commands ahead of queued requests), then the CCCD's Write Request, then the last
-    /// fragment's Write Request once that one's response is in.
+    /// As BlueZ may put them on the air, the worst case for the peripheral: the commands first
+    /// (its ATT queue sends queued commands ahead of queued requests), then the CCCD's Write
+    /// Request.
     public func subscribe(_ characteristic: String, thenWrite target: String, fragments: [[UInt8]]) async throws {
         let t = try begin()
         let c = try characteristicOrThrow(characteristic)
         guard c.properties.contains(.notify) else { throw RadioError.notPermitted("notify on \(c.uuid)") }
         let written = fragments.isEmpty ? nil : try characteristicOrThrow(target)
-        if let written, !written.properties.contains(.write) || (fragments.count > 1 && !written.properties.contains(.writeWithoutResponse)) {
+        if let written, !written.properties.contains(.writeWithoutResponse) {
             throw RadioError.notPermitted("write on \(written.uuid)")
         }
         let limit = ATTLimits.writeValue(mtu: link.mtu)
         if let long = fragments.first(where: { $0.count > limit }) { throw RadioError.invalidLength(length: long.count, limit: limit) }
         let p = air.parameters
         var done = t
-        for value in fragments.dropLast() {
+        for value in fragments {
             let event = PeripheralEvent.wrote(link.centralID, characteristic: written!.uuid, value: value, mtu: link.mtu)
             done = max(done, link.sendToPeripheral(packets: p.packets(forValueLength: value.count), valueBytes: value.count, issuedAt: t, event: event, air: air).acceptedAt)
         }
         link.subscribe(c.uuid)
         done = max(done, roundTrip(at: t, requestBytes: 2, responseBytes: 0, event: .subscribed(link.centralID, characteristic: c.uuid)))
-        if let last = fragments.last {
-            let event = PeripheralEvent.wrote(link.centralID, characteristic: written!.uuid, value: last, mtu: link.mtu)
-            done = max(done, roundTrip(at: t, requestBytes: last.count, responseBytes: 0, event: event))
-        }
         try await air.finish(central, at: try await link.completion(of: done, clock: air.clock))
     }
 

@@ -156,6 +156,48 @@ import Testing
         #expect(y.box.state == .closed)
     }
 
+    /// A phone that heard no answer sends message 1 again on its link: the box answers with
+    /// the same bytes (no new handshake, no replay-cache entry), at most twice, and only until
+    /// the phone's first sealed message. The phone opens on the first answer it hears.
+    @Test func messageOneSentAgainOnTheSameLinkGetsTheSameAnswer() throws {
+        var x = Exchange()
+        let m1 = try x.phone.start()
+        let first = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: x.admit)
+        #expect(first.replies.count == 1 && !first.repeatedAnswer)
+        let cached = x.cache.count
+        for _ in 0..<BoxConnection.maxRepeatedAnswers {
+            let again = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: x.admit)
+            #expect(again.replies == first.replies && again.repeatedAnswer && again.request == nil)
+        }
+        #expect(x.cache.count == cached && x.box.state == .awaitingCommand)
+        // The first answer "lost": the phone opens on a repeated one, which is the same.
+        guard case .success(.channelOpen) = x.deliver(first.replies)[0] else { Issue.record("phone did not open"); return }
+        // A third time is too many: the link ends.
+        let tooMany = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: x.admit)
+        guard case .close(.protocolViolation) = tooMany.request else { Issue.record("\(String(describing: tooMany.request))"); return }
+    }
+
+    /// Once the phone has spoken on the channel, message 1 is a replay like any other.
+    @Test func messageOneAfterTheFirstSealedMessageIsNotAnswered() throws {
+        var x = Exchange()
+        let m1 = try x.open()
+        _ = x.toBox(try x.phone.send(.credentialPush(CredentialPush(user: "alice", password: SecureBytes(utf8: "pw"), deviceName: "test"))))
+        let again = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: x.admit)
+        #expect(!again.repeatedAnswer)
+        guard case .close(.protocolViolation) = again.request else { Issue.record("\(String(describing: again.request))"); return }
+    }
+
+    /// A pairing's message 1 sent again costs the code no second try.
+    @Test func aRepeatedPairingMessageOneIsNoSecondTry() throws {
+        let code = PairingCode("123456")!
+        var x = Exchange(phoneCode: code, boxCode: code)
+        let m1 = try x.phone.start()
+        let first = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, pairingCode: code, admit: x.admit)
+        guard case .pairingAttempt? = first.request else { Issue.record("\(String(describing: first.request))"); return }
+        let again = x.box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, pairingCode: code, admit: x.admit)
+        #expect(again.replies == first.replies && again.request == nil)
+    }
+
     @Test func recordedFirstMessageIsRefused() throws {
         var x = Exchange()
         let m1 = try x.open()

@@ -186,12 +186,12 @@ struct BoxHarness {
     /// An honest phone logs in through a waiting prompt: proof that the box still serves.
     /// Returns the link, which stays the presence link unless closed.
     @discardableResult
-    func honestLogin(_ n: UInt8 = 0x01, user: String = "alice", keep: Bool = false) async throws -> BoxLink? {
+    func honestLogin(_ n: UInt8 = 0x01, user: String = "alice", keep: Bool = false, answerWait: Duration = BoxLink.answerWait) async throws -> BoxLink? {
         let (identity, central) = try await phone(n, enrolledFor: user)
         let key = box.identity.keyPair.publicKey
         let prompt = try await self.prompt(tty: "tty\(n % 60 + 1)", user: user)
         let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
-        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central)
+        let link = try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central, answerWait: answerWait)
         try await link.send(.credentialPush(CredentialPush(user: user, password: SecureBytes(utf8: "pw"), deviceName: "honest")))
         // The push waits at the prompt; the person there presses Enter.
         guard case .awaitingEnter = try await link.next(timeout: .seconds(5)) else { Issue.record("the honest phone's push did not wait at the prompt"); return nil }
@@ -332,6 +332,17 @@ final class BluezooPhones: Sendable {
             let heard = try #require(try await findBox(BoxID(4821)!, pinned: key, radio: central, timeout: .seconds(5)))
             held.append(try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: central))  // a slot freed
             for link in held { await link.close() }
+        }
+    }
+
+    /// A phone that waits for no answer sends message 1 again at once, twice: the box answers
+    /// each time with the same bytes, and the phone takes the first and passes over the others.
+    @Test(arguments: AirBackend.allCases) func anAnswerThatComesThreeTimesIsTakenOnce(_ air: AirBackend) async throws {
+        let h = try await BoxHarness(air)
+        try await h.run {
+            let mark = h.journal.mark
+            try await h.honestLogin(0x40, answerWait: .zero)
+            #expect(h.journal.lines.dropFirst(mark).filter { $0.message.contains("sent message 1 again") }.count == BoxConnection.maxRepeatedAnswers)
         }
     }
 

@@ -42,7 +42,12 @@ public struct BoxConnection {
         /// Envelopes to send to the phone, in order.
         public var replies: [[UInt8]] = []
         public var request: Request?
+        /// The reply is the handshake's answer again, for message 1 sent again on this link.
+        public var repeatedAnswer = false
     }
+
+    /// How often one link may have its handshake answered again (`receive`).
+    public static let maxRepeatedAnswers = 2
 
     public private(set) var state: BoxSessionState = .awaitingHandshake
     /// The phone's static key, once message 1 has been read.
@@ -54,6 +59,10 @@ public struct BoxConnection {
     private let boxID: BoxID
     private var transport: NoiseTransport?
     private var deadline: Duration?
+    /// Message 1 and the box's answer, until the phone's first sealed message: over BlueZ a
+    /// notification sent before the phone's subscription reached the box's bluetoothd is
+    /// dropped, and the phone, having heard nothing, sends message 1 again on this link.
+    private var answered: (message: [UInt8], answer: [UInt8], repeats: Int)?
 
     public init(identity: KeyPair, boxID: BoxID, connectedAt now: Duration,
                 handshakeTimeout: Duration = defaultHandshakeTimeout,
@@ -80,6 +89,15 @@ public struct BoxConnection {
                                  now: Duration, pairingCode: PairingCode? = nil,
                                  admit: (PublicKey, HandshakeKind) -> Refusal.Code?) -> Output {
         guard state != .closed else { return Output() }
+        if var first = answered, bytes == first.message {
+            // The same bytes on the same link: the same answer, which says nothing new (it went
+            // to every subscribed phone the first time). No second try of a pairing code, no
+            // replay-cache entry. Another link sending these bytes meets the replay cache.
+            guard first.repeats < Self.maxRepeatedAnswers else { return fail(.unexpectedMessage, "message 1 sent too many times") }
+            first.repeats += 1
+            answered = first
+            return Output(replies: [first.answer], repeatedAnswer: true)
+        }
         let envelope: Envelope
         do {
             envelope = try Envelope.decode(bytes)
@@ -91,11 +109,11 @@ public struct BoxConnection {
 
         switch (state, envelope) {
         case (.awaitingHandshake, .handshakeInit(let nonce, let noise)):
-            return handshake(nonce: nonce, message1: noise, pairing: nil, nonces: nonces, replayCache: &replayCache, now: now, admit: admit)
+            return remember(bytes, handshake(nonce: nonce, message1: noise, pairing: nil, nonces: nonces, replayCache: &replayCache, now: now, admit: admit))
         case (.awaitingHandshake, .pairingInit(let nonce, let share, let noise)):
             guard let pairingCode else { return refuse(.noPairingCode) }
-            return handshake(nonce: nonce, message1: noise, pairing: (pairingCode, share), nonces: nonces,
-                             replayCache: &replayCache, now: now, admit: admit)
+            return remember(bytes, handshake(nonce: nonce, message1: noise, pairing: (pairingCode, share), nonces: nonces,
+                                             replayCache: &replayCache, now: now, admit: admit))
         case (.awaitingHandshake, _):
             return refuse(.malformed)
         case (_, .sealed(let ciphertext)):
@@ -163,6 +181,14 @@ public struct BoxConnection {
 
     // MARK: - Steps
 
+    /// Keeps message 1 and its answer while the handshake went through.
+    private mutating func remember(_ message: [UInt8], _ out: Output) -> Output {
+        if state != .awaitingHandshake, state != .closed, out.replies.count == 1 {
+            answered = (message, out.replies[0], 0)
+        }
+        return out
+    }
+
     private mutating func handshake(nonce: UInt16, message1: [UInt8], pairing: (code: PairingCode, share: [UInt8])?,
                                     nonces: AdvertisementNonces, replayCache: inout HandshakeReplayCache, now: Duration,
                                     admit: (PublicKey, HandshakeKind) -> Refusal.Code?) -> Output {
@@ -217,6 +243,7 @@ public struct BoxConnection {
     }
 
     private mutating func sealed(_ ciphertext: [UInt8], now: Duration) -> Output {
+        answered = nil   // the phone has the answer
         guard var channel = transport else { return fail(.unexpectedMessage, "no channel") }
         let plaintext: SecureBytes
         do {
@@ -284,6 +311,7 @@ public struct BoxConnection {
         state = .closed
         transport = nil
         deadline = nil
+        answered = nil
     }
 }
 

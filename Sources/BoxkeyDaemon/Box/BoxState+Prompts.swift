@@ -140,6 +140,11 @@ extension BoxState {
         rejectedByUser.pruneAll(now: now)
         rejectedNewPhones.pruneAll(now: now)
         for id in Array(links.keys) {
+            if let link = links[id], link.hangUpWhenHeard, now >= link.connectedAt + config.handshakeTimeout {
+                links[id]!.hangUpWhenHeard = false
+                log(.info, "\(id.address) never subscribed to hear why it was refused: hung up")
+                emit(.radio(.disconnect(id)))
+            }
             guard var link = links[id], !link.dropped else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
                 links[id] = link
@@ -221,7 +226,9 @@ extension BoxState {
     /// The earliest time anything needs attention, or nil when the box is idle.
     var nextDeadline: Duration? {
         var deadlines: [Duration] = []
-        for link in links.values where !link.dropped {
+        for link in links.values {
+            if link.hangUpWhenHeard { deadlines.append(link.connectedAt + config.handshakeTimeout) }
+            guard !link.dropped else { continue }
             if let d = link.connection.nextDeadline { deadlines.append(d) }
             if let d = link.reassembler.deadline { deadlines.append(d) }
         }

@@ -45,7 +45,13 @@ extension BoxState {
             links[id]!.subscribed = true
             let held = links[id]!.unsent
             links[id]!.unsent = []
-            send(held, to: id)
+            if links[id]!.hangUpWhenHeard {
+                links[id]!.hangUpWhenHeard = false
+                transmit(held, to: id)
+                emit(.radio(.disconnect(id)))
+            } else {
+                send(held, to: id)
+            }
         case .unsubscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = false }
         case .wrote(let id, let characteristic, let value, let mtu):
@@ -95,6 +101,9 @@ extension BoxState {
         self.replayCache = replayCache
         links[id]!.connection = connection
         if case .pairingAttempt? = output.request { links[id]!.pairingCode = code }
+        if output.repeatedAnswer {
+            log(.info, "\(id.address) sent message 1 again (no answer reached it, or not yet): answered again")
+        }
         perform(output, for: id, now: now)
     }
 
@@ -210,14 +219,27 @@ extension BoxState {
             links[id]!.unsent += envelopes
             return
         }
+        transmit(envelopes, to: id)
+    }
+
+    private mutating func transmit(_ envelopes: [[UInt8]], to id: CentralID) {
+        guard let link = links[id], let channel = link.reassembler.channel else { return }
         for envelope in envelopes {
             guard let fragments = try? Framing.fragment(envelope, mtu: link.mtu, channel: channel) else { continue }
             emit(.radio(.notify(id, fragments: fragments)))
         }
     }
 
+    /// Hangs up. A phone's first message can arrive before its subscription: what the box
+    /// said to it then (a refusal) waits for the subscription, and so does the hang-up.
     mutating func drop(_ id: CentralID) {
-        links[id]?.dropped = true
+        guard let link = links[id], !link.dropped else { return }
+        links[id]!.dropped = true
+        if !link.subscribed, !link.unsent.isEmpty {
+            links[id]!.hangUpWhenHeard = true
+            wakeTimers()
+            return
+        }
         emit(.radio(.disconnect(id)))
     }
 

@@ -133,6 +133,9 @@ struct BoxState {
         /// in either order. Sent when the subscription arrives; a link that never subscribes
         /// ends at its handshake or command timeout.
         var unsent: [[UInt8]] = []
+        /// Hung up by the box while its last words (a refusal) wait in `unsent`: the
+        /// disconnect follows the subscription, or the handshake timeout, whichever comes first.
+        var hangUpWhenHeard = false
         var prompt: UInt64?
         /// The code this link's pairing handshake was answered under.
         var pairingCode: Enrolment.LiveCode?
