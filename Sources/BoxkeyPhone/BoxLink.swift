@@ -187,10 +187,12 @@ public actor BoxLink {
                 }
                 return
             } catch Failure.timedOut(let what) {
-                guard mayResend, clock.now < deadline else { throw Failure.timedOut(what) }
+                guard mayResend, clock.now < deadline, !Task.isCancelled else { throw Failure.timedOut(what) }
+                // An answer whose first fragment is in is on its way.
+                if reassembler.hasFirstFragment { continue }
                 resent += 1
-                // Fragments of a first answer cut short by the subscription would collide with
-                // the repeated answer's.
+                // The rest of an answer whose first fragment was dropped (sent just before the
+                // subscription took) would collide with the repeated answer's fragments.
                 reassembler.reset()
                 try await write(firstMessage)
             }

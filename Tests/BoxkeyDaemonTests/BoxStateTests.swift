@@ -39,13 +39,14 @@ struct BoxStateTests {
     /// One phone's link to the state: what it writes goes in as radio events, what the state
     /// notifies comes back whole.
     struct Phone {
-        let id = CentralID(address: DeviceAddress("AA:BB:CC:00:00:01")!, connection: 1)
+        let id: CentralID
         let mtu = 247
         let channel = FrameChannel.random()
         var connection: PhoneConnection
         var inbox = FrameReassembler()
 
-        init(_ key: KeyPair, at box: BoxState) throws {
+        init(_ key: KeyPair, at box: BoxState, link n: UInt8 = 1) throws {
+            id = CentralID(address: DeviceAddress(String(format: "AA:BB:CC:00:00:%02X", n))!, connection: UInt64(n))
             let advert = try Advertisement.decode(box.advertisingData.manufacturerData[BoxkeyProtocol.companyID]!)
             connection = PhoneConnection(identity: key, boxKey: box.identity.keyPair.publicKey, advertisement: advert)
         }
@@ -80,6 +81,71 @@ struct BoxStateTests {
             try write(try connection.send(.credentialPush(push)), to: &box, now: now)
             return try read(&box, now: now)
         }
+    }
+
+    /// What the state told the radio to do to `id`, in order: "notify <envelope kinds>" or "hang up".
+    static func radio(to id: CentralID, in effects: [BoxEffect]) throws -> [String] {
+        var said: [String] = []
+        for effect in effects {
+            switch effect {
+            case .radio(.notify(let to, let fragments)) where to == id:
+                var r = FrameReassembler()
+                for f in fragments {
+                    if let m = try r.receive(f, mtu: 247, now: .zero) {
+                        said.append("notify " + String(describing: try Envelope.decode(m)).prefix { $0 != "(" })
+                    }
+                }
+            case .radio(.disconnect(let d)) where d == id: said.append("hang up")
+            default: break
+            }
+        }
+        return said
+    }
+
+    /// A full box makes room by hanging up the oldest link without a handshake: hung up, not
+    /// only forgotten, or it would stay connected and hold a slot of the controller's.
+    @Test func aLinkPushedOutToMakeRoomIsHungUp() throws {
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
+        let now = Duration.seconds(100)
+        let ids = try (1...(DaemonConfig().maxConnections + 1)).map { try Phone(KeyPair.generate(), at: box, link: UInt8($0)).id }
+        for (i, id) in ids.enumerated() { box.handle(.connected(id, mtu: 247), now: now + .milliseconds(i)) }
+        #expect(try Self.radio(to: ids[0], in: box.take()) == ["hang up"])
+    }
+
+    /// A phone's first message may arrive before its subscription. A refusal then waits for the
+    /// subscription, and the hang-up follows it; a link that never subscribes is hung up at
+    /// the handshake timeout, or sooner when the box is full.
+    @Test func aRefusalWaitsForTheSubscriptionAndTheHangUpFollowsIt() throws {
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "alice")
+        let now = Duration.seconds(100)
+        var strangers = try (1...3).map { try Phone(KeyPair.generate(), at: box, link: UInt8($0)) }   // enrolled nowhere
+        for i in strangers.indices {
+            box.handle(.connected(strangers[i].id, mtu: 247), now: now)
+            try strangers[i].write(try strangers[i].connection.start(), to: &box, now: now)
+        }
+        var effects = box.take()
+        for s in strangers { #expect(try Self.radio(to: s.id, in: effects) == []) }
+        box.handle(.subscribed(strangers[0].id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(30))
+        #expect(try Self.radio(to: strangers[0].id, in: box.take()) == ["notify refusal", "hang up"])
+        // The second never subscribes: hung up at the handshake timeout.
+        _ = box.tick(now: now + box.config.handshakeTimeout - .milliseconds(1))
+        #expect(try Self.radio(to: strangers[1].id, in: box.take()) == [])
+        #expect(box.nextDeadline == now + box.config.handshakeTimeout)
+        _ = box.tick(now: now + box.config.handshakeTimeout)
+        effects = box.take()
+        #expect(try Self.radio(to: strangers[1].id, in: effects) == ["hang up"])
+        #expect(try Self.radio(to: strangers[2].id, in: effects) == ["hang up"])
+        // A full box hangs up a link waiting to hear its refusal before anyone else.
+        var late = try Phone(KeyPair.generate(), at: box, link: 9)
+        box.handle(.connected(late.id, mtu: 247), now: now + .seconds(10))
+        try late.write(try late.connection.start(), to: &box, now: now + .seconds(10))
+        _ = box.take()
+        for n in 10..<(10 + box.config.maxConnections) {
+            box.handle(.connected(try Phone(KeyPair.generate(), at: box, link: UInt8(n)).id, mtu: 247), now: now + .seconds(11))
+        }
+        effects = box.take()
+        #expect(try Self.radio(to: late.id, in: effects) == ["hang up"])
+        strangers.removeAll()
     }
 
     @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {

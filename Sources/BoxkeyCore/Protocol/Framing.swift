@@ -139,6 +139,9 @@ public struct FrameReassembler: Sendable {
 
     public var isIdle: Bool { !inProgress }
 
+    /// The message in progress has its first fragment: its start was not lost.
+    public var hasFirstFragment: Bool { declaredLength != nil }
+
     /// When the message in progress runs out of time; nil when idle.
     public var deadline: Duration? { inProgress ? startedAt + timeout : nil }
 

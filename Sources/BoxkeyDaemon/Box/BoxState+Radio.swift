@@ -17,22 +17,28 @@ extension BoxState {
             // someone else borrowed: it is let in, and only an unknown key from it is refused.
             let limited = failedHandshakes.isLimited(id.address, now: now)
             // Links the box has hung up on, or whose channel is closed, wait only for their
-            // disconnection event: they hold no slot.
-            let live = links.values.filter { !$0.dropped && $0.connection.state != .closed }
+            // disconnection event: they hold no slot. A refused link still waiting to hear why
+            // holds one, and is the first to go when the box is full.
+            let live = links.values.filter { $0.hangUpWhenHeard || (!$0.dropped && $0.connection.state != .closed) }
             if live.count >= config.maxConnections {
-                // Unauthenticated links are free to make: a full box drops the oldest of them
-                // rather than refusing everyone after it, so a few random addresses cycling
-                // connections cannot keep an enrolled phone out.
-                guard let victim = live.filter({ $0.connection.state == .awaitingHandshake })
-                        .min(by: { $0.connectedAt < $1.connectedAt }) else {
-                    audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(live.count) authenticated connections already")
-                    emit(.radio(.disconnect(id)))
-                    return
+                if let refused = live.filter(\.hangUpWhenHeard).min(by: { $0.connectedAt < $1.connectedAt }) {
+                    links[refused.id]!.hangUpWhenHeard = false
+                    emit(.radio(.disconnect(refused.id)))
+                } else {
+                    // Unauthenticated links are free to make: a full box drops the oldest of them
+                    // rather than refusing everyone after it, so a few random addresses cycling
+                    // connections cannot keep an enrolled phone out.
+                    guard let victim = live.filter({ $0.connection.state == .awaitingHandshake })
+                            .min(by: { $0.connectedAt < $1.connectedAt }) else {
+                        audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(live.count) authenticated connections already")
+                        emit(.radio(.disconnect(id)))
+                        return
+                    }
+                    // Not counted against the victim's address: it may be an honest phone's.
+                    audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
+                    links[victim.id] = nil
+                    emit(.radio(.disconnect(victim.id)))
                 }
-                // Not counted against the victim's address: it may be an honest phone's.
-                audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
-                links[victim.id] = nil
-                drop(victim.id)
             }
             links[id] = PhoneLink(id: id, mtu: mtu, connectedAt: now, limited: limited, connection: BoxConnection(
                 identity: identity.keyPair, boxID: identity.boxID, connectedAt: now,
@@ -233,7 +239,8 @@ extension BoxState {
     /// Hangs up. A phone's first message can arrive before its subscription: what the box
     /// said to it then (a refusal) waits for the subscription, and so does the hang-up.
     mutating func drop(_ id: CentralID) {
-        guard let link = links[id], !link.dropped else { return }
+        guard let link = links[id] else { return emit(.radio(.disconnect(id))) }
+        guard !link.dropped else { return }
         links[id]!.dropped = true
         if !link.subscribed, !link.unsent.isEmpty {
             links[id]!.hangUpWhenHeard = true
