@@ -57,7 +57,7 @@ extension Phone {
                 return try await BoxLink.open(to: heard, boxKey: key, identity: identity, radio: radio)
             } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
                 continue  // the nonce rotated while connecting: once more with a fresh one
-            } catch BoxLink.Failure.radio where attempts < Self.connectionAttempts {
+            } catch let f as BoxLink.Failure where f.isConnectionFailure && attempts < Self.connectionAttempts {
                 continue
             } catch {
                 throw failure(error, box: id)
@@ -99,7 +99,7 @@ extension Phone {
                 throw f
             } catch BoxLink.Failure.refused(let r) where r.code == .staleAdvertisement && attempts == 1 {
                 continue
-            } catch BoxLink.Failure.radio where attempts < Self.connectionAttempts {
+            } catch let f as BoxLink.Failure where f.isConnectionFailure && attempts < Self.connectionAttempts {
                 continue
             } catch {
                 throw failure(error, box: id)
@@ -127,8 +127,19 @@ extension BoxLink.Failure {
     /// The box was not where it was heard last, or no longer takes that advertisement.
     var meansListenAgain: Bool {
         switch self {
-        case .radio, .timedOut: true
+        case .radio, .timedOut, .linkLost: true
         case .refused(let r): r.code == .staleAdvertisement
+        default: false
+        }
+    }
+
+    /// The connection failed before the channel opened, nothing secret having moved: worth one
+    /// more. A link lost with no answer counts: a box that hung up as the phone's message 1
+    /// overtook its subscription (over BlueZ, with another phone subscribed) sent a refusal
+    /// the phone could not hear, such as "stale advertisement".
+    var isConnectionFailure: Bool {
+        switch self {
+        case .radio, .linkLost: true
         default: false
         }
     }

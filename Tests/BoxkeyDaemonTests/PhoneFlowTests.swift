@@ -17,7 +17,7 @@ import Testing
     /// as a Bluetooth stack's GATT setup can.
     final class CountingCentral: CentralRadio {
         let radio: any CentralRadio
-        let counts = NIOLockedValueBox((scans: 0, connects: 0, failing: 0, losing: 0))
+        let counts = NIOLockedValueBox((scans: 0, connects: 0, failing: 0, losing: 0, cutting: false))
         init(_ radio: any CentralRadio) { self.radio = radio }
         var address: DeviceAddress { radio.address }
         var scans: Int { counts.withLockedValue { $0.scans } }
@@ -26,6 +26,8 @@ import Testing
         /// The next connection loses its first `n` notifications, as BlueZ drops one sent
         /// before the phone's subscription reached the box.
         func loseNotifications(_ n: Int) { counts.withLockedValue { $0.losing = n } }
+        /// The next connection is lost before anything arrives on it.
+        func cutNextLink() { counts.withLockedValue { $0.cutting = true } }
 
         func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> {
             counts.withLockedValue { $0.scans += 1 }
@@ -40,20 +42,25 @@ import Testing
             }
             if fail { throw RadioError.connectionFailed("GATT setup failed (injected)") }
             let link = try await radio.connect(to: address, timeout: timeout)
-            let losing = counts.withLockedValue { c in defer { c.losing = 0 }; return c.losing }
-            return losing > 0 ? LosingLink(link, losing: losing) : link
+            let (losing, cutting) = counts.withLockedValue { c in defer { c.losing = 0; c.cutting = false }; return (c.losing, c.cutting) }
+            return losing > 0 || cutting ? LosingLink(link, losing: losing, cut: cutting) : link
         }
     }
 
-    /// A link whose first `losing` notifications never arrive.
+    /// A link whose first `losing` notifications never arrive, or (`cut`) that is lost at once.
     final class LosingLink: CentralLink {
         let link: any CentralLink
         let events: AsyncStream<LinkEvent>
-        init(_ link: any CentralLink, losing: Int) {
+        init(_ link: any CentralLink, losing: Int, cut: Bool = false) {
             self.link = link
             let (events, continuation) = AsyncStream.makeStream(of: LinkEvent.self)
             self.events = events
             let source = link.events
+            if cut {
+                continuation.yield(.disconnected(.remoteUser))
+                continuation.finish()
+                return
+            }
             Task {
                 var losing = losing
                 for await e in source {
@@ -150,6 +157,20 @@ import Testing
             let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
             #expect(radio.connects == 1)
             try await h.journal.line(after: mark, containing: "sent message 1 again")
+            await link.close()
+        }
+    }
+
+    /// A link lost before any answer is a failed connection too: over BlueZ a box that hung up
+    /// on the phone (a refusal such as "stale advertisement") as its message 1 overtook its
+    /// subscription sent words the phone could not hear.
+    @Test func aLinkLostBeforeAnyAnswerIsTriedOnceMore() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            var (phone, radio) = try await pairedPhone(h, 0x07)
+            radio.cutNextLink()
+            let link = try await phone.connect(to: BoxID(4821)!, radio: radio)
+            #expect(radio.scans == 2 && radio.connects == 2)
             await link.close()
         }
     }

@@ -69,7 +69,8 @@ def test_concurrent_logins(world, controllers):
     record_figures({"concurrent_logins": {
         "phones": PHONES, "rounds": ROUNDS, "single_phone_ms": percentiles(single),
         "concurrent_ms": percentiles(concurrent) if concurrent else None,
-        "failed": f"{len(failures)} of {PHONES * ROUNDS}"}})
+        "failed": f"{len(failures)} of {PHONES * ROUNDS}",
+        "message_1_sent_again": world.box_output().count("sent message 1 again")}})
     assert not failures, "\n".join(failures) + "\n--- box:\n" + world.box_output()[-4000:]
 
 
@@ -92,4 +93,8 @@ def test_a_second_phone_logs_in_while_another_holds_its_presence_link(world, con
 
     elapsed, _ = login(world, who="phone2", user="phone2", tty="tty2")
     assert "Staying connected" in open(holder.log).read() and "presence link lost" not in world.box_output()
-    record_figures({"login_beside_a_presence_link_ms": round(elapsed * 1000)})
+    # phone2's message 1 may overtake its subscription while phone1 is subscribed: the box,
+    # told only of a characteristic's first subscriber, answers at once, and the answer is lost
+    # unless phone2 asks again. How often that happened is a figure.
+    record_figures({"login_beside_a_presence_link_ms": round(elapsed * 1000),
+                    "message_1_sent_again": world.box_output().count("sent message 1 again")})

@@ -50,7 +50,8 @@ def test_boxkey_over_bluez(world):
     # unlock and the process start come before it); the wall time includes them.
     radio_ms = [int(m.replace(",", "")) for m in re.findall(r"\(([\d,]+) ms\)", first_out + "\n" + second_out)]
     figures = {"boxkey_login_wall_ms": [round(first_s * 1000), round(second_s * 1000)],
-               "boxkey_login_radio_ms": radio_ms, "bleak": probe}
+               "boxkey_login_radio_ms": radio_ms, "bleak": probe,
+               "message_1_sent_again": world.box_output().count("sent message 1 again")}
     record_figures(figures)
 
     # No password in anything any process printed.
