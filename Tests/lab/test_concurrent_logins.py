@@ -97,4 +97,4 @@ def test_a_second_phone_logs_in_while_another_holds_its_presence_link(world, con
     # told only of a characteristic's first subscriber, answers at once, and the answer is lost
     # unless phone2 asks again. How often that happened is a figure.
     record_figures({"login_beside_a_presence_link_ms": round(elapsed * 1000),
-                    "message_1_sent_again": world.box_output().count("sent message 1 again")})
+                    "message_1_sent_again_beside_a_presence_link": world.box_output().count("sent message 1 again")})
