@@ -18,7 +18,7 @@ extension Agent {
     /// this phone push. What bounds near → offer:
     /// `samples` × (starting a scan + the box's advertising interval, 100 ms), then one
     /// connection and handshake; a prompt that opens beside a phone already near: the next scan
-    /// (within `idleScanPeriod`) and the connection.
+    /// (within `roomScanPeriod`) and the connection.
     public func proximityTick() async {
         followWalks()
         guard let proximity, mayOffer, !scanning else { if !scanning { heardNear = [:] }; return }
@@ -53,20 +53,24 @@ extension Agent {
                 await offer(at: id)
                 return
             }
-            // Back to back only while a box's prompt waits and the phone is in its room (within
-            // 20 dB of near): otherwise two scans a second, as a phone's background scanning.
-            let approaching = heard.values.contains {
-                $0.advertisement.flags.contains(.loginPromptWaiting) && ($0.rssi ?? .min) >= proximity.thresholdDBm - 20
-            }
-            while !approaching, clock.now - scanStarted < Self.idleScanPeriod {
+            // Back to back while a box's prompt waits and the phone is in its room (within 20 dB
+            // of near); four scans a second while a box is in the room with no prompt, so that
+            // a prompt opening there is seen within a quarter second; otherwise two, as a
+            // phone's background scanning. All of it only inside the window after the PIN.
+            let inRoom = { (box: HeardBox) in (box.rssi ?? .min) >= proximity.thresholdDBm - 20 }
+            let approaching = heard.values.contains { $0.advertisement.flags.contains(.loginPromptWaiting) && inRoom($0) }
+            let period = approaching ? .zero : heard.values.contains(where: inRoom) ? Self.roomScanPeriod : Self.idleScanPeriod
+            while clock.now - scanStarted < period {
                 try? await clock.sleep(for: .milliseconds(50))
                 followWalks()
             }
         }
     }
 
-    /// How often a scan starts while no box near enough has its prompt waiting.
+    /// How often a scan starts while no paired box is in the room.
     static let idleScanPeriod: Duration = .milliseconds(500)
+    /// ...and while one is, with no prompt waiting.
+    static let roomScanPeriod: Duration = .milliseconds(250)
 
     /// How old a reading may be and still count: the span of `samples` scans a phone makes
     /// when no prompt waits, and a second more.
