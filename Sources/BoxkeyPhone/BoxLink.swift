@@ -42,6 +42,8 @@ public actor BoxLink {
     private var firstMessage: [UInt8] = []
     /// The box's answer to it, to pass over when the box answers message 1 sent again.
     private var firstAnswer: [UInt8]?
+    /// When a fragment on this link's channel last arrived.
+    private var heardAt: Duration?
     public nonisolated var peer: DeviceAddress { link.peer }
     /// The box key the handshake proved.
     public nonisolated let boxKey: PublicKey
@@ -179,17 +181,23 @@ public actor BoxLink {
     private func awaitChannel(timeout: Duration, answerWait: Duration) async throws {
         let deadline = clock.now + timeout
         var resent = 0
+        var wait = answerWait
         while true {
             let mayResend = resent < BoxConnection.maxRepeatedAnswers
             do {
-                guard try await next(timeout: mayResend ? min(answerWait, deadline - clock.now) : deadline - clock.now) == .channelOpen else {
+                guard try await next(timeout: mayResend ? min(wait, deadline - clock.now) : deadline - clock.now) == .channelOpen else {
                     throw Failure.protocolError("no channel")
                 }
                 return
             } catch Failure.timedOut(let what) {
                 guard mayResend, clock.now < deadline, !Task.isCancelled else { throw Failure.timedOut(what) }
-                // An answer whose first fragment is in is on its way.
-                if reassembler.hasFirstFragment { continue }
+                // An answer whose first fragment is in, or whose fragments are still arriving,
+                // is on its way: sent again now, its rest and the repeat's would interleave.
+                if reassembler.hasFirstFragment || heardAt.map({ clock.now - $0 < answerWait / 2 }) == true {
+                    wait = max(answerWait, .milliseconds(5))
+                    continue
+                }
+                wait = answerWait
                 resent += 1
                 // The rest of an answer whose first fragment was dropped (sent just before the
                 // subscription took) would collide with the repeated answer's fragments.
@@ -219,6 +227,7 @@ public actor BoxLink {
                 connection.close()
                 throw Failure.linkLost(reason)
             case .notification(let c, let value)? where c == BoxkeyProtocol.responseCharacteristicUUID:
+                if value.starts(with: channel.bytes) { heardAt = clock.now }
                 let message: [UInt8]?
                 do { message = try reassembler.receive(value, mtu: mtu, now: clock.now) } catch {
                     throw Failure.protocolError("bad fragment: \(error)")

@@ -48,6 +48,8 @@ public struct BoxConnection {
 
     /// How often one link may have its handshake answered again (`receive`).
     public static let maxRepeatedAnswers = 2
+    /// Why a link that sent message 1 once too often was closed.
+    public static let tooManyRepeats = "message 1 sent too many times"
 
     public private(set) var state: BoxSessionState = .awaitingHandshake
     /// The phone's static key, once message 1 has been read.
@@ -93,7 +95,7 @@ public struct BoxConnection {
             // The same bytes on the same link: the same answer, which says nothing new (it went
             // to every subscribed phone the first time). No second try of a pairing code, no
             // replay-cache entry. Another link sending these bytes meets the replay cache.
-            guard first.repeats < Self.maxRepeatedAnswers else { return fail(.unexpectedMessage, "message 1 sent too many times") }
+            guard first.repeats < Self.maxRepeatedAnswers else { return fail(.unexpectedMessage, Self.tooManyRepeats) }
             first.repeats += 1
             answered = first
             return Output(replies: [first.answer], repeatedAnswer: true)

@@ -194,7 +194,7 @@ extension BoxState {
             }
             audit(.notice, .connectionRefused, "refused \(who): \(code)", phone: phone?.fingerprint)
         case .protocolViolation(let why):
-            if links[id]?.pairingCode != nil { audit(.notice, .pairingFailed, "pairing failed \(who): wrong code (\(why))", phone: phone?.fingerprint) } else {
+            if links[id]?.pairingCode != nil, why != BoxConnection.tooManyRepeats { audit(.notice, .pairingFailed, "pairing failed \(who): wrong code (\(why))", phone: phone?.fingerprint) } else {
                 audit(.notice, .connectionRefused, "dropped \(who): \(why)", phone: phone?.fingerprint)
             }
         case .timedOut:
@@ -213,9 +213,7 @@ extension BoxState {
     }
 
     mutating func send(_ envelopes: [[UInt8]], to id: CentralID) {
-        guard let link = links[id], !link.dropped, !envelopes.isEmpty, let channel = link.reassembler.channel,
-              // Whatever is said on a channel reaches every phone on it: never one another link holds.
-              !channel.isHeld(byAnotherLinkThan: id, in: links) else { return }
+        guard let link = links[id], !link.dropped, !envelopes.isEmpty, link.reassembler.channel != nil else { return }
         guard link.subscribed else {
             guard link.unsent.count + envelopes.count <= 4 else {
                 log(.notice, "\(id.address) did not subscribe to responses; dropping it")
@@ -229,7 +227,9 @@ extension BoxState {
     }
 
     private mutating func transmit(_ envelopes: [[UInt8]], to id: CentralID) {
-        guard let link = links[id], let channel = link.reassembler.channel else { return }
+        guard let link = links[id], let channel = link.reassembler.channel,
+              // Whatever is said on a channel reaches every phone on it: never one another link holds.
+              !channel.isHeld(byAnotherLinkThan: id, in: links) else { return }
         for envelope in envelopes {
             guard let fragments = try? Framing.fragment(envelope, mtu: link.mtu, channel: channel) else { continue }
             emit(.radio(.notify(id, fragments: fragments)))
