@@ -145,7 +145,6 @@ struct BoxStateTests {
         }
         effects = box.take()
         #expect(try Self.radio(to: late.id, in: effects) == ["hang up"])
-        strangers.removeAll()
     }
 
     @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {

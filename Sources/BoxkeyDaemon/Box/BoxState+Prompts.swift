@@ -140,10 +140,9 @@ extension BoxState {
         rejectedByUser.pruneAll(now: now)
         rejectedNewPhones.pruneAll(now: now)
         for id in Array(links.keys) {
-            if let link = links[id], link.hangUpWhenHeard, now >= link.connectedAt + config.handshakeTimeout {
-                links[id]!.hangUpWhenHeard = false
+            if let link = links[id], link.hangUpWhenHeard, now >= hangUpDeadline(of: link) {
                 log(.info, "\(id.address) never subscribed to hear why it was refused: hung up")
-                emit(.radio(.disconnect(id)))
+                hangUpNow(id)
             }
             guard var link = links[id], !link.dropped else { continue }
             do { try link.reassembler.checkTimeout(now: now) } catch {
@@ -227,7 +226,7 @@ extension BoxState {
     var nextDeadline: Duration? {
         var deadlines: [Duration] = []
         for link in links.values {
-            if link.hangUpWhenHeard { deadlines.append(link.connectedAt + config.handshakeTimeout) }
+            if link.hangUpWhenHeard { deadlines.append(hangUpDeadline(of: link)) }
             guard !link.dropped else { continue }
             if let d = link.connection.nextDeadline { deadlines.append(d) }
             if let d = link.reassembler.deadline { deadlines.append(d) }

@@ -22,8 +22,7 @@ extension BoxState {
             let live = links.values.filter { $0.hangUpWhenHeard || (!$0.dropped && $0.connection.state != .closed) }
             if live.count >= config.maxConnections {
                 if let refused = live.filter(\.hangUpWhenHeard).min(by: { $0.connectedAt < $1.connectedAt }) {
-                    links[refused.id]!.hangUpWhenHeard = false
-                    emit(.radio(.disconnect(refused.id)))
+                    hangUpNow(refused.id)
                 } else {
                     // Unauthenticated links are free to make: a full box drops the oldest of them
                     // rather than refusing everyone after it, so a few random addresses cycling
@@ -52,9 +51,8 @@ extension BoxState {
             let held = links[id]!.unsent
             links[id]!.unsent = []
             if links[id]!.hangUpWhenHeard {
-                links[id]!.hangUpWhenHeard = false
                 transmit(held, to: id)
-                emit(.radio(.disconnect(id)))
+                hangUpNow(id)
             } else {
                 send(held, to: id)
             }
@@ -249,6 +247,15 @@ extension BoxState {
         }
         emit(.radio(.disconnect(id)))
     }
+
+    /// Hangs up a link that was waiting to hear why it was refused (`drop`).
+    mutating func hangUpNow(_ id: CentralID) {
+        links[id]?.hangUpWhenHeard = false
+        emit(.radio(.disconnect(id)))
+    }
+
+    /// When a refused link that never subscribes is hung up anyway.
+    func hangUpDeadline(of link: PhoneLink) -> Duration { link.connectedAt + config.handshakeTimeout }
 
     mutating func linkEnded(_ id: CentralID, reason: DisconnectReason, now: Duration) {
         guard let link = links.removeValue(forKey: id) else { return }
