@@ -41,7 +41,7 @@ struct BoxStateTests {
     struct Phone {
         let id: CentralID
         let mtu = 247
-        let channel = FrameChannel.random()
+        var channel = FrameChannel.random()
         var connection: PhoneConnection
         var inbox = FrameReassembler()
 
@@ -145,6 +145,28 @@ struct BoxStateTests {
         }
         effects = box.take()
         #expect(try Self.radio(to: late.id, in: effects) == ["hang up"])
+    }
+
+    /// A link that copies another's channel is hung up without a word, and costs the link
+    /// that held the channel first nothing: its answer, held for its subscription, still goes
+    /// out while the copycat's disconnection has not yet arrived.
+    @Test func aCopiedChannelCostsItsOwnerNothing() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        var owner = try Phone(key, at: box, link: 1)
+        var copycat = try Phone(KeyPair.generate(), at: box, link: 2)
+        copycat.channel = owner.channel
+        box.handle(.connected(owner.id, mtu: 247), now: now)
+        try owner.write(try owner.connection.start(), to: &box, now: now)
+        box.handle(.connected(copycat.id, mtu: 247), now: now)
+        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        try copycat.write(try copycat.connection.start(), to: &box, now: now + .milliseconds(5))
+        let effects = box.take()
+        #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
+        #expect(try Self.radio(to: owner.id, in: effects) == [])
+        box.handle(.subscribed(owner.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(10))
+        #expect(try owner.read(&box, now: now + .milliseconds(10)) == [.channelOpen])
     }
 
     @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {

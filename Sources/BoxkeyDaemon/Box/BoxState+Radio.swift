@@ -87,6 +87,7 @@ extension BoxState {
             // Anything sent on this channel would reach the other phone too: hang up without a word.
             audit(.notice, .connectionRefused, "dropped \(id.address): channel \(channel) is another connection's")
             failedHandshakes.record(id.address, now: now)
+            links[id]!.copiedAChannel = true
             drop(id)
             return
         }
@@ -225,9 +226,10 @@ extension BoxState {
     }
 
     private mutating func transmit(_ envelopes: [[UInt8]], to id: CentralID) {
-        guard let link = links[id], let channel = link.reassembler.channel,
-              // Whatever is said on a channel reaches every phone on it: never one another link holds.
-              !channel.isHeld(byAnotherLinkThan: id, in: links) else { return }
+        // Whatever is said on a channel reaches every phone on it: never to a link that copied
+        // one another link held first. (The first holder keeps it while the copy's
+        // disconnection is on its way: refusing it too would cost an honest phone its answer.)
+        guard let link = links[id], let channel = link.reassembler.channel, !link.copiedAChannel else { return }
         for envelope in envelopes {
             guard let fragments = try? Framing.fragment(envelope, mtu: link.mtu, channel: channel) else { continue }
             emit(.radio(.notify(id, fragments: fragments)))

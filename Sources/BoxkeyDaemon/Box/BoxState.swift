@@ -136,6 +136,10 @@ struct BoxState {
         /// Hung up by the box while its last words (a refusal) wait in `unsent`: the
         /// disconnect follows the subscription, or the handshake timeout, whichever comes first.
         var hangUpWhenHeard = false
+        /// Its first fragment named a channel another link already held: nothing is ever said
+        /// to it (the other phone would hear it as its own). The link that held it first is
+        /// unaffected; it was there before.
+        var copiedAChannel = false
         var prompt: UInt64?
         /// The code this link's pairing handshake was answered under.
         var pairingCode: Enrolment.LiveCode?
