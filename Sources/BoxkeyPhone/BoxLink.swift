@@ -202,7 +202,10 @@ public actor BoxLink {
                 // The rest of an answer whose first fragment was dropped (sent just before the
                 // subscription took) would collide with the repeated answer's fragments.
                 reassembler.reset()
-                try await write(firstMessage)
+                // As Write Commands, like the first time: a request a box never answers would
+                // hold the phone past the deadline (a D-Bus call's 25 s over BlueZ). The answer
+                // is what says it arrived.
+                try await write(firstMessage, confirmed: false)
             }
         }
     }
@@ -257,12 +260,13 @@ public actor BoxLink {
         await inbox.take(within: timeout)
     }
 
-    /// Fragments are Write Commands, the last one a Write Request: the phone learns it arrived.
-    private func write(_ envelope: [UInt8]) async throws {
+    /// Fragments are Write Commands, the last one a Write Request when `confirmed`: the phone
+    /// learns it arrived.
+    private func write(_ envelope: [UInt8], confirmed: Bool = true) async throws {
         do {
             let fragments = try Framing.fragment(envelope, mtu: mtu, channel: channel)
             for (i, f) in fragments.enumerated() {
-                try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: i == fragments.count - 1)
+                try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: confirmed && i == fragments.count - 1)
             }
         } catch let e as RadioError {
             if case .disconnected(let r) = e { throw Failure.linkLost(r) }

@@ -17,7 +17,7 @@ import Testing
     /// as a Bluetooth stack's GATT setup can.
     final class CountingCentral: CentralRadio {
         let radio: any CentralRadio
-        let counts = NIOLockedValueBox((scans: 0, connects: 0, failing: 0, losing: 0, cutting: false))
+        let counts = NIOLockedValueBox((scans: 0, connects: 0, failing: 0, losing: 0, cutting: false, stalling: false))
         init(_ radio: any CentralRadio) { self.radio = radio }
         var address: DeviceAddress { radio.address }
         var scans: Int { counts.withLockedValue { $0.scans } }
@@ -28,6 +28,9 @@ import Testing
         func loseNotifications(_ n: Int) { counts.withLockedValue { $0.losing = n } }
         /// The next connection is lost before anything arrives on it.
         func cutNextLink() { counts.withLockedValue { $0.cutting = true } }
+        /// The next connection hears nothing, and its Write Requests are never answered: a
+        /// box that takes message 1 and says nothing.
+        func silenceNextLink() { counts.withLockedValue { $0.losing = .max; $0.stalling = true } }
 
         func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> {
             counts.withLockedValue { $0.scans += 1 }
@@ -42,17 +45,23 @@ import Testing
             }
             if fail { throw RadioError.connectionFailed("GATT setup failed (injected)") }
             let link = try await radio.connect(to: address, timeout: timeout)
-            let (losing, cutting) = counts.withLockedValue { c in defer { c.losing = 0; c.cutting = false }; return (c.losing, c.cutting) }
-            return losing > 0 || cutting ? LosingLink(link, losing: losing, cut: cutting) : link
+            let (losing, cutting, stalling) = counts.withLockedValue { c in
+                defer { c.losing = 0; c.cutting = false; c.stalling = false }
+                return (c.losing, c.cutting, c.stalling)
+            }
+            return losing > 0 || cutting ? LosingLink(link, losing: losing, cut: cutting, stall: stalling) : link
         }
     }
 
-    /// A link whose first `losing` notifications never arrive, or (`cut`) that is lost at once.
+    /// A link whose first `losing` notifications never arrive, or (`cut`) that is lost at once;
+    /// with `stall`, its Write Requests are never answered.
     final class LosingLink: CentralLink {
         let link: any CentralLink
         let events: AsyncStream<LinkEvent>
-        init(_ link: any CentralLink, losing: Int, cut: Bool = false) {
+        let stall: Bool
+        init(_ link: any CentralLink, losing: Int, cut: Bool = false, stall: Bool = false) {
             self.link = link
+            self.stall = stall
             let (events, continuation) = AsyncStream.makeStream(of: LinkEvent.self)
             self.events = events
             let source = link.events
@@ -75,6 +84,7 @@ import Testing
         func discover(service uuid: String) async throws -> GATTService { try await link.discover(service: uuid) }
         func read(_ characteristic: String) async throws -> [UInt8] { try await link.read(characteristic) }
         func write(_ characteristic: String, value: [UInt8], withResponse: Bool) async throws {
+            if stall && withResponse { try await Task.sleep(for: .seconds(3600)) }
             try await link.write(characteristic, value: value, withResponse: withResponse)
         }
         func subscribe(_ characteristic: String) async throws { try await link.subscribe(characteristic) }
@@ -158,6 +168,27 @@ import Testing
             #expect(radio.connects == 1)
             try await h.journal.line(after: mark, containing: "sent message 1 again")
             await link.close()
+        }
+    }
+
+    /// A box that takes message 1 and never answers costs the phone its timeout and no more:
+    /// message 1 goes again as Write Commands, so no request the box leaves unanswered holds
+    /// the phone past its deadline.
+    @Test func aBoxThatNeverAnswersCostsTheTimeoutAndNoMore() async throws {
+        let h = try await BoxHarness()
+        try await h.run {
+            let (phone, radio) = try await pairedPhone(h, 0x08)
+            radio.silenceNextLink()
+            let start = ContinuousClock.now
+            do {
+                let link = try await BoxLink.open(to: try await heardNow(h), boxKey: h.box.identity.keyPair.publicKey, identity: phone.identity,
+                                                  radio: radio, timeout: .seconds(2), answerWait: .milliseconds(300))
+                await link.close()
+                Issue.record("a channel with a box that never answered")
+            } catch BoxLink.Failure.timedOut {
+                let waited = ContinuousClock.now - start
+                #expect(waited < .seconds(4), "gave up after \(waited)")
+            }
         }
     }
 
