@@ -14,6 +14,8 @@ final class BoxJournal: Sendable {
         let message: String
         /// The audit event (`boxkey_event`), if the line is one.
         let event: String?
+        /// The phone's fingerprint (`boxkey_phone`), if the line names one.
+        var phone: String? = nil
         var description: String { "[\(level)] \(event.map { "\($0): " } ?? "")\(message)" }
     }
 
@@ -92,7 +94,9 @@ final class BoxJournal: Sendable {
         func log(event: LogEvent) {
             var audit: String?
             if case .string(let name)? = event.metadata?["boxkey_event"] ?? metadata["boxkey_event"] { audit = name }
-            journal.append(Line(level: event.level, message: "\(event.message)", event: audit))
+            var phone: String?
+            if case .string(let fingerprint)? = event.metadata?["boxkey_phone"] { phone = fingerprint }
+            journal.append(Line(level: event.level, message: "\(event.message)", event: audit, phone: phone))
         }
     }
 }

@@ -44,7 +44,7 @@ struct SessionActionsTests {
         #expect(locked.outcome == .done)
         let (list, endable) = try #require(locked.toSettle)
         #expect(endable == ["7"])
-        let open = await actions.unconfirmedLocks(list + [try await sessions.session(id: "8")!], Self.now)
+        let open = await actions.unconfirmedLocks(list + [try await sessions.session(id: "8")!], phone: phone, Self.now)
         #expect(open.map(\.id) == ["7", "8"])
         let ended = NIOLockedValueBox<[String]>([])
         await actions.settle(open, phone: phone, endable: endable, Self.now) { id in ended.withLockedValue { $0.append(id) } }

@@ -28,11 +28,13 @@ import Testing
     /// What logind was asked, once the walk-away's lock of session `id` has settled: the
     /// session said it is locked, or it was ended, or it was left open and the journal says so.
     /// (Up to `lock_confirm_s` after the lock: the box's own wait for LockedHint.)
+    /// The line names the phone that walked away, as every line of a walk-away does.
     func settled(_ h: BoxHarness, session id: String) async throws -> [String] {
-        try await h.journal.line { line in
+        let line = try await h.journal.line { line in
             line.message.hasPrefix("session \(id) (")
                 && ["is locked, or gone", "it is still open", "ended it"].contains { line.message.contains($0) }
         }
+        #expect(line.phone != nil, "\(line)")
         return h.sessions.calls.withLockedValue { $0 }
     }
 

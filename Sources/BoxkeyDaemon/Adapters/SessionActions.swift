@@ -71,7 +71,7 @@ struct SessionActions: Sendable {
         // After a walk-away nobody waits for the answer: the timers carry on while the
         // sessions are checked.
         if walkAway { return Locked(outcome: outcome, toSettle: (list, endable)) }
-        let open = await unconfirmedLocks(list, settings)
+        let open = await unconfirmedLocks(list, phone: phone, settings)
         await settle(open, phone: phone, endable: [], settings)
         return Locked(outcome: open.count == list.count ? .failed : outcome)
     }
@@ -79,7 +79,7 @@ struct SessionActions: Sendable {
     /// logind's LockSession only signals the session: the sessions of `list` that logind says
     /// are still not locked (`LockedHint` false) `lock_confirm_s` later. A session logind did not
     /// answer for at the end is not among them: an outage is not proof that nothing locked it.
-    func unconfirmedLocks(_ list: [LoginSession], _ settings: Settings) async -> [LoginSession] {
+    func unconfirmedLocks(_ list: [LoginSession], phone: PublicKey, _ settings: Settings) async -> [LoginSession] {
         let deadline = clock.now + settings.lockConfirm
         var open = list
         var unanswered: [String] = []
@@ -89,7 +89,7 @@ struct SessionActions: Sendable {
             for s in open {
                 switch await lockedHint(s.id) {
                 case true?:
-                    audit.audit(.info, .sessionAction, "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) is locked, or gone (logind's LockedHint)", user: s.user)
+                    audit.audit(.info, .sessionAction, "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) is locked, or gone (logind's LockedHint)", phone: phone.fingerprint, user: s.user)
                 case false?: still.append(s)
                 case nil: still.append(s); unanswered.append(s.id)
                 }
@@ -99,7 +99,7 @@ struct SessionActions: Sendable {
             try? await clock.sleep(for: .milliseconds(100))
         }
         if !unanswered.isEmpty {
-            audit.audit(.warning, .sessionAction, "logind did not answer whether session(s) \(unanswered.map(logSafe).joined(separator: ", ")) locked: not acting on them")
+            audit.audit(.warning, .sessionAction, "logind did not answer whether session(s) \(unanswered.map(logSafe).joined(separator: ", ")) locked: not acting on them", phone: phone.fingerprint)
         }
         return open.filter { !unanswered.contains($0.id) }
     }

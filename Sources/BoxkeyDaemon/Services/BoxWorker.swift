@@ -17,7 +17,7 @@ struct BoxWorker: Sendable {
         case .unlockThroughLogind(let push, let phone, let id): await unlockThroughLogind(push, phone: phone, on: id)
         case .walkAway(let away, let plan): await walkAway(away, plan)
         case .settle(let locked, let phone, let endable):
-            let open = await actions.unconfirmedLocks(locked, await box.update { s, _ in s.sessionSettings })
+            let open = await actions.unconfirmedLocks(locked, phone: phone, await box.update { s, _ in s.sessionSettings })
             // `not_locked` as it is now, after the wait (a reload may have changed it).
             await actions.settle(open, phone: phone, endable: endable, await box.update { s, _ in s.sessionSettings }) { id in
                 await box.closeSession(sessionID: id)
