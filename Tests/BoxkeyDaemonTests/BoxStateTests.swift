@@ -3,6 +3,7 @@ import BoxkeyCore
 import BoxkeyPAMWire
 import BoxkeyRadio
 import Foundation
+import NIOConcurrencyHelpers
 import Testing
 
 /// `BoxState` on its own: events in, effects out, time given as `now`. No actor, no radio, no
@@ -12,7 +13,8 @@ struct BoxStateTests {
     static let alicesPrompt = PAMRequest.WaitRequest(service: "login", tty: "tty1", display: "", expectedUser: "alice", timeoutMilliseconds: 0)
 
     /// A box whose registry enrols `phone` for `user`.
-    static func box(enrolling phone: KeyPair, for user: String, configure: (inout DaemonConfig) -> Void = { _ in }) throws -> BoxState {
+    static func box(enrolling phone: KeyPair, for user: String, configure: (inout DaemonConfig) -> Void = { _ in },
+                    wallClock: @escaping @Sendable () -> Date = { Date() }) throws -> BoxState {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-state-\(UUID().uuidString.prefix(8))").path
         var config = DaemonConfig()
         config.stateDirectory = directory
@@ -21,7 +23,7 @@ struct BoxStateTests {
         var registry = try PhoneRegistry.load(directory: directory)
         try registry.enrol(phone.publicKey, user: user, name: "test phone", by: "test")
         return BoxState(config: config, identity: identity, registry: registry,
-                        escrow: EscrowStore(path: directory + "/escrow.json"), userID: testUsers)
+                        escrow: EscrowStore(path: directory + "/escrow.json"), userID: testUsers, wallClock: wallClock)
     }
 
     /// A box with a phone enrolled for `user`, alice's prompt open at `now` and the phone's
@@ -167,6 +169,26 @@ struct BoxStateTests {
         #expect(try Self.radio(to: owner.id, in: effects) == [])
         box.handle(.subscribed(owner.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(10))
         #expect(try owner.read(&box, now: now + .milliseconds(10)) == [.channelOpen])
+    }
+
+    /// The directory's users count only while its last read is fresh by the box's own wall
+    /// clock, which the state is given (no `Date()` inside a decision).
+    @Test func aFleetRosterVouchesOnlyWhileFreshByTheBoxsClock() throws {
+        let read = Date(timeIntervalSince1970: 1_800_000_000)
+        let today = NIOLockedValueBox(read)
+        let phone = KeyPair.generate()
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "alice",
+                               configure: { $0.fleet = .init(uri: "ldaps://directory.example", base: "dc=example") },
+                               wallClock: { today.withLockedValue { $0 } })
+        var roster = FleetRoster(readAt: read)
+        roster.add(user: "bob", values: [FleetRoster.value(key: phone.publicKey, name: "")])
+        box.fleetCacheLoaded(roster)
+        #expect(box.enrolledUsers(of: phone.publicKey) == ["bob"])
+        #expect(box.fleetStatus()?.fresh == true)
+        today.withLockedValue { $0 = read + 3601 }
+        #expect(box.enrolledUsers(of: phone.publicKey).isEmpty)
+        #expect(box.fleetStatus()?.fresh == false)
+        #expect(box.fleetStatus()?.lastReadAgeSeconds == 3601)
     }
 
     @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {

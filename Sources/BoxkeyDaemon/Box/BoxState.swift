@@ -66,7 +66,8 @@ enum BoxEffect: Sendable {
 /// (`BoxState+Verdicts`), lock, logout, attach and walk-away (`BoxState+Sessions`).
 ///
 /// Still here and not yet effects: the phone registry's and the escrow store's file writes
-/// (an enrolment is audited only once it is on disk), and the user database lookup `userID`.
+/// (an enrolment is audited only once it is on disk), and the user database lookup `userID`
+/// (and `SystemUsers.accountName`, for the fleet's exact names).
 struct BoxState {
     private(set) var config: DaemonConfig
     let identity: BoxIdentity
@@ -74,6 +75,9 @@ struct BoxState {
     var escrow: EscrowStore
     /// A user's uid (the system's user database; tests give a table).
     let userID: @Sendable (String) -> UInt32?
+    /// The date, for what the fleet directory dates (its roster's age); decisions otherwise
+    /// take the monotonic `now` they are given. Tests give a fixed one.
+    let wallClock: @Sendable () -> Date
     /// What the decisions ask for, in order, until the actor takes them.
     var effects: [BoxEffect] = []
 
@@ -160,8 +164,9 @@ struct BoxState {
     }
 
     init(config: DaemonConfig, identity: BoxIdentity, registry: PhoneRegistry, escrow: EscrowStore,
-         userID: @escaping @Sendable (String) -> UInt32?) {
+         userID: @escaping @Sendable (String) -> UInt32?, wallClock: @escaping @Sendable () -> Date = { Date() }) {
         self.config = config
+        self.wallClock = wallClock
         self.identity = identity
         self.registry = registry
         self.escrow = escrow

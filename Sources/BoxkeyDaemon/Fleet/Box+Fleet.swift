@@ -18,11 +18,11 @@ extension BoxState {
     /// The users `phone` may log in as here: its enrolment at this box, and the fleet
     /// directory's while the last read of it is fresh enough. A phone revoked at this box gets
     /// nothing from the directory either.
-    func enrolledUsers(of phone: PublicKey, now: Date = Date()) -> [String] {
+    func enrolledUsers(of phone: PublicKey) -> [String] {
         let local = registry.users(of: phone)
         guard let fleet = config.fleet, let roster = fleetRoster, !registry.isRevoked(phone) else { return local }
         // A user the box knows, not root, with the uid the directory gives (where it gives one).
-        let fromFleet = roster.users(of: phone, now: now, maxStale: fleet.maxStale).filter { user in
+        let fromFleet = roster.users(of: phone, now: wallClock(), maxStale: fleet.maxStale).filter { user in
             // The account of exactly that name: a case-insensitive NSS (sssd) gives `Alice`, a
             // different person, for the directory's `alice`.
             guard let uid = uid(of: user), uid != 0, SystemUsers.accountName(user).map({ $0 == user }) ?? true else { return false }
@@ -87,7 +87,8 @@ extension BoxState {
 
     /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
     /// read, then fleet phones are refused.
-    mutating func fleetReadFailed(_ error: String, now: Date = Date()) {
+    mutating func fleetReadFailed(_ error: String) {
+        let now = wallClock()
         if fleetHealth.failingSince == nil {
             let left = fleetHealth.lastRead.map { max(0, Double(config.fleet?.maxStale.components.seconds ?? 0) - now.timeIntervalSince($0)) }
             let until = left.map { "fleet phones keep working from the last read for \(Int($0)) s more" } ?? "no read of it yet: fleet phones are refused"
@@ -97,8 +98,9 @@ extension BoxState {
         fleetHealth.lastError = error
     }
 
-    func fleetStatus(now: Date = Date()) -> DaemonStatus.Fleet? {
+    func fleetStatus() -> DaemonStatus.Fleet? {
         guard let fleet = config.fleet else { return nil }
+        let now = wallClock()
         let age = fleetHealth.lastRead.map { Int(now.timeIntervalSince($0)) }
         return DaemonStatus.Fleet(uri: fleet.uri, phones: fleetRoster?.phones.count ?? 0, lastReadAgeSeconds: age,
                                   fresh: fleetRoster?.isFresh(now: now, maxStale: fleet.maxStale) ?? false,
@@ -163,7 +165,7 @@ extension Box {
 
     /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
     /// read, then fleet phones are refused.
-    public func fleetReadFailed(_ error: String, now: Date = Date()) { state.fleetReadFailed(error, now: now) }
+    public func fleetReadFailed(_ error: String) { state.fleetReadFailed(error) }
 
     /// This box's fleet certificate and the fleet's revocation list, for Info.
     public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {
