@@ -171,6 +171,104 @@ struct BoxStateTests {
         #expect(try owner.read(&box, now: now + .milliseconds(10)) == [.channelOpen])
     }
 
+    /// Whether any notification among `effects` is on `channel`.
+    static func saysAnything(on channel: FrameChannel, in effects: [BoxEffect]) -> Bool {
+        effects.contains { effect in
+            if case .radio(.notify(_, let fragments)) = effect { fragments.contains { $0.starts(with: channel.bytes) } } else { false }
+        }
+    }
+
+    /// A link the box hung up on before it learned the link's channel (its handshake timed out)
+    /// is still connected until its disconnection arrives, and its phone hears everything: the
+    /// channel its late writes name is no other link's meanwhile.
+    @Test func aLinkHungUpBeforeItsFirstWriteStillOwnsItsChannel() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        var slow = try Phone(key, at: box, link: 1)
+        box.handle(.connected(slow.id, mtu: 247), now: now)
+        _ = box.tick(now: now + box.config.handshakeTimeout)
+        #expect(try Self.radio(to: slow.id, in: box.take()) == ["hang up"])
+        let later = now + box.config.handshakeTimeout + .milliseconds(10)
+        box.handle(.subscribed(slow.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: later)
+        try slow.write(try slow.connection.start(), to: &box, now: later)
+        var copycat = try Phone(KeyPair.generate(), at: box, link: 2)
+        copycat.channel = slow.channel
+        box.handle(.connected(copycat.id, mtu: 247), now: later)
+        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: later)
+        try copycat.write(try copycat.connection.start(), to: &box, now: later)
+        let effects = box.take()
+        #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
+        #expect(!Self.saysAnything(on: slow.channel, in: effects))
+    }
+
+    /// The same for a link pushed out to make room, which the box forgets at once: until its
+    /// disconnection arrives, the channel it named (or names in a late write) is no other
+    /// link's. Once it has gone, the channel is free again.
+    @Test func aLinkPushedOutKeepsItsChannelUntilItHasGone() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        var pushedOut = try Phone(key, at: box, link: 1)
+        box.handle(.connected(pushedOut.id, mtu: 247), now: now)
+        box.handle(.subscribed(pushedOut.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        var others: [Phone] = []
+        for n in 0..<box.config.maxConnections {
+            others.append(try Phone(KeyPair.generate(), at: box, link: UInt8(10 + n)))
+            box.handle(.connected(others[n].id, mtu: 247), now: now + .milliseconds(1))
+            box.handle(.subscribed(others[n].id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(1))
+        }
+        #expect(try Self.radio(to: pushedOut.id, in: box.take()) == ["hang up"])
+        try pushedOut.write(try pushedOut.connection.start(), to: &box, now: now + .milliseconds(2))
+        others[0].channel = pushedOut.channel
+        try others[0].write(try others[0].connection.start(), to: &box, now: now + .milliseconds(3))
+        let effects = box.take()
+        #expect(try Self.radio(to: others[0].id, in: effects) == ["hang up"])
+        #expect(!Self.saysAnything(on: pushedOut.channel, in: effects))
+        // Gone: a new connection may draw that channel (two phones' draws meet one time in 2^32).
+        box.handle(.disconnected(pushedOut.id, reason: .localHost), now: now + .milliseconds(4))
+        box.handle(.disconnected(others[0].id, reason: .localHost), now: now + .milliseconds(4))
+        var next = try Phone(key, at: box, link: 40)
+        next.channel = pushedOut.channel
+        try next.open(&box, now: now + .milliseconds(5))
+    }
+
+    /// An enrolled phone's message 1 refused for want of a slot is remembered like an
+    /// answered one: replayed on another link once a slot frees, it meets the replay cache
+    /// instead of taking the slot.
+    @Test func aRefusedMessageOneReplayedLaterIsStillAReplay() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice")
+        let now = Duration.seconds(100)
+        var holding = [try Phone(key, at: box, link: 1), try Phone(key, at: box, link: 2)]
+        for i in holding.indices { try holding[i].open(&box, now: now) }
+        var third = try Phone(key, at: box, link: 3)
+        box.handle(.connected(third.id, mtu: 247), now: now)
+        box.handle(.subscribed(third.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        let recorded = try third.connection.start()
+        try third.write(recorded, to: &box, now: now)
+        #expect(try Self.refusals(to: third.id, in: box.take()) == [.busy])
+        box.handle(.disconnected(holding[0].id, reason: .remoteUser), now: now + .seconds(1))
+        box.handle(.disconnected(third.id, reason: .localHost), now: now + .seconds(1))
+        let replayer = try Phone(KeyPair.generate(), at: box, link: 4)
+        box.handle(.connected(replayer.id, mtu: 247), now: now + .seconds(2))
+        box.handle(.subscribed(replayer.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .seconds(2))
+        try replayer.write(recorded, to: &box, now: now + .seconds(2))
+        #expect(try Self.refusals(to: replayer.id, in: box.take()) == [.replayedHandshake])
+    }
+
+    /// The refusal codes among the notifications to `id`.
+    static func refusals(to id: CentralID, in effects: [BoxEffect]) throws -> [Refusal.Code] {
+        var codes: [Refusal.Code] = []
+        for case .radio(.notify(let to, let fragments)) in effects where to == id {
+            var r = FrameReassembler()
+            for f in fragments {
+                if let m = try r.receive(f, mtu: 247, now: .zero), case .refusal(let refusal) = try Envelope.decode(m) { codes.append(refusal.code) }
+            }
+        }
+        return codes
+    }
+
     /// The directory's users count only while its last read is fresh by the box's own wall
     /// clock, which the state is given (no `Date()` inside a decision).
     @Test func aFleetRosterVouchesOnlyWhileFreshByTheBoxsClock() throws {

@@ -11,6 +11,11 @@ public struct FrameChannel: Hashable, Sendable, CustomStringConvertible {
     }
     public var bytes: [UInt8] { [UInt8(value >> 24), UInt8(value >> 16 & 0xff), UInt8(value >> 8 & 0xff), UInt8(value & 0xff)] }
     public var description: String { hex(bytes) }
+    /// The channel a fragment names, whatever the rest of it is; nil for one too short to name one.
+    public static func named(by fragment: [UInt8]) -> FrameChannel? {
+        guard fragment.count > Framing.channelLength else { return nil }
+        return FrameChannel(fragment[0..<Framing.channelLength].reduce(0) { $0 << 8 | UInt32($1) })
+    }
 }
 
 /// GATT framing: one envelope is split into fragments that each fit one ATT write or
@@ -176,8 +181,7 @@ public struct FrameReassembler: Sendable {
     }
 
     private mutating func accept(_ fragment: [UInt8], mtu: Int, now: Duration) throws(Framing.Error) -> [UInt8]? {
-        guard fragment.count > Framing.channelLength else { throw .emptyFragment }
-        let on = FrameChannel(fragment[0..<4].reduce(0) { $0 << 8 | UInt32($1) })
+        guard let on = FrameChannel.named(by: fragment) else { throw .emptyFragment }
         if let channel, on != channel {
             // Another phone's traffic is none of this phone's business, whatever its shape.
             if keepsOnlyItsChannel { foreignFragments += 1; return nil }

@@ -44,6 +44,10 @@ public struct BoxConnection {
         public var request: Request?
         /// The reply is the handshake's answer again, for message 1 sent again on this link.
         public var repeatedAnswer = false
+        /// A message 1 that `admit` refused, for the caller to put in the replay cache when the
+        /// key is one nobody can make up (an enrolled phone's): replayed once a slot frees, it
+        /// would be taken. Unknown keys are not cached, or made-up ones would fill the cache.
+        public var refusedHandshake: (ephemeral: PublicKey, nonce: UInt16)?
     }
 
     /// How often one link may have its handshake answered again (`receive`).
@@ -208,7 +212,11 @@ public struct BoxConnection {
             return refuse(.malformed)
         }
         phoneKey = phone
-        if let code = admit(phone, pairing == nil ? .login : .pairing) { return refuse(code) }
+        if let code = admit(phone, pairing == nil ? .login : .pairing) {
+            var out = refuse(code)
+            out.refusedHandshake = (ephemeral, nonce)
+            return out
+        }
         switch replayCache.insert(ephemeral, nonce: nonce) {
         case .replayed: return refuse(.replayedHandshake)
         case .full: return refuse(.rateLimited)

@@ -9,7 +9,9 @@ extension BoxState {
         case .connected(let id, let mtu):
             // A central has one connection to a peripheral: a new one from the same address
             // means the old one is gone, whenever its disconnection event arrives.
+            forgetHungUpLinks(now: now)
             for stale in links.keys where stale.address == id.address && stale != id {
+                hungUp[stale] = HungUpLink(channel: links[stale]!.channelTaken, since: now)
                 linkEnded(stale, reason: .remoteUser, now: now)
                 emit(.radio(.disconnect(stale)))
             }
@@ -30,12 +32,14 @@ extension BoxState {
                     guard let victim = live.filter({ $0.connection.state == .awaitingHandshake })
                             .min(by: { $0.connectedAt < $1.connectedAt }) else {
                         audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(live.count) authenticated connections already")
+                        hungUp[id] = HungUpLink(since: now)
                         emit(.radio(.disconnect(id)))
                         return
                     }
                     // Not counted against the victim's address: it may be an honest phone's.
                     audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
                     links[victim.id] = nil
+                    hungUp[victim.id] = HungUpLink(channel: victim.channelTaken, since: now)
                     emit(.radio(.disconnect(victim.id)))
                 }
             }
@@ -59,12 +63,19 @@ extension BoxState {
         case .unsubscribed(let id, let characteristic):
             if characteristic == BoxkeyProtocol.responseCharacteristicUUID { links[id]?.subscribed = false }
         case .wrote(let id, let characteristic, let value, let mtu):
-            guard characteristic == BoxkeyProtocol.requestCharacteristicUUID, let link = links[id], !link.dropped else { return }
+            guard characteristic == BoxkeyProtocol.requestCharacteristicUUID else { return }
+            guard let link = links[id], !link.dropped else {
+                // Hung up on, not yet gone: its phone's channel is still no other link's.
+                if links[id]?.channelTaken == nil, links[id] != nil { links[id]!.channelHeardAfterHangUp = FrameChannel.named(by: value) }
+                if hungUp[id] != nil, hungUp[id]!.channel == nil { hungUp[id]!.channel = FrameChannel.named(by: value) }
+                return
+            }
             if !link.mtuLogged || link.mtu != mtu { log(.debug, "\(id): ATT MTU \(mtu)") }
             links[id]!.mtu = mtu
             links[id]!.mtuLogged = true
             receive(fragment: value, from: id, mtu: mtu, now: now)
         case .disconnected(let id, let reason):
+            hungUp[id] = nil
             linkEnded(id, reason: reason, now: now)
         }
     }
@@ -83,7 +94,7 @@ extension BoxState {
             drop(id)
             return
         }
-        if !hadChannel, let channel = links[id]!.reassembler.channel, channel.isHeld(byAnotherLinkThan: id, in: links) {
+        if !hadChannel, let channel = links[id]!.reassembler.channel, channel.isHeld(byAnotherLinkThan: id, in: self) {
             // Anything sent on this channel would reach the other phone too: hang up without a word.
             audit(.notice, .connectionRefused, "dropped \(id.address): channel \(channel) is another connection's")
             failedHandshakes.record(id.address, now: now)
@@ -102,6 +113,9 @@ extension BoxState {
         let output = connection.receive(message, nonces: nonces, replayCache: &replayCache, now: now,
                                         pairingCode: code?.code) { phone, kind in
             admit(phone, kind, fromLimitedAddress: limited, now: now)
+        }
+        if let refused = output.refusedHandshake, let phone = connection.phoneKey, !registry.isRevoked(phone), !enrolledUsers(of: phone).isEmpty {
+            _ = replayCache.insert(refused.ephemeral, nonce: refused.nonce)
         }
         self.replayCache = replayCache
         links[id]!.connection = connection
@@ -324,10 +338,25 @@ extension BoxState {
 
 }
 
+extension BoxState {
+    /// How long a link the box hung up on and forgot keeps its channel from others if its
+    /// disconnection never arrives (beyond any supervision timeout, 32 s at most).
+    static let hungUpChannelMemory: Duration = .seconds(60)
+
+    mutating func forgetHungUpLinks(now: Duration) {
+        hungUp = hungUp.filter { now - $0.value.since < Self.hungUpChannelMemory }
+        // A flood of connections within that time: the oldest go first.
+        while hungUp.count > 4 * config.maxConnections, let oldest = hungUp.min(by: { $0.value.since < $1.value.since }) {
+            hungUp[oldest.key] = nil
+        }
+    }
+}
+
 extension FrameChannel {
-    /// Whether a link other than `id` (live or hung up on, until its disconnection arrives)
-    /// uses this channel.
-    fileprivate func isHeld(byAnotherLinkThan id: CentralID, in links: [CentralID: BoxState.PhoneLink]) -> Bool {
-        links.contains { $0.key != id && $0.value.reassembler.channel == self }
+    /// Whether a link other than `id` uses this channel: live, or hung up on, until its
+    /// disconnection arrives.
+    fileprivate func isHeld(byAnotherLinkThan id: CentralID, in state: BoxState) -> Bool {
+        state.links.contains { $0.key != id && $0.value.channelTaken == self }
+            || state.hungUp.contains { $0.key != id && $0.value.channel == self }
     }
 }

@@ -85,6 +85,15 @@ struct BoxState {
     var nonces = AdvertisementNonces.random()
     var replayCache = HandshakeReplayCache()
     var links: [CentralID: PhoneLink] = [:]
+    /// Links the box hung up on and forgot before their disconnection arrived (refused at
+    /// connect, pushed out to make room, replaced by a new connection from the address): the
+    /// channel each named, or names in a write that still arrives, is no other link's until
+    /// then, or for `hungUpChannelMemory` at most.
+    var hungUp: [CentralID: HungUpLink] = [:]
+    struct HungUpLink {
+        var channel: FrameChannel?
+        var since: Duration
+    }
 
     // Trust
     var enrolment: Enrolment
@@ -144,6 +153,12 @@ struct BoxState {
         /// to it (the other phone would hear it as its own). The link that held it first is
         /// unaffected; it was there before.
         var copiedAChannel = false
+        /// The channel its writes named after the box hung up on it before learning its own
+        /// (a handshake timeout): kept from other links until its disconnection arrives, since
+        /// the phone is still there and would hear anything said on it.
+        var channelHeardAfterHangUp: FrameChannel?
+        /// The channel no other link may take while this one is connected.
+        var channelTaken: FrameChannel? { reassembler.channel ?? channelHeardAfterHangUp }
         var prompt: UInt64?
         /// The code this link's pairing handshake was answered under.
         var pairingCode: Enrolment.LiveCode?
