@@ -236,10 +236,15 @@ struct BoxStateTests {
     /// An enrolled phone's message 1 refused for want of a slot is remembered like an
     /// answered one: replayed on another link once a slot frees, it meets the replay cache
     /// instead of taking the slot.
-    @Test func aRefusedMessageOneReplayedLaterIsStillAReplay() throws {
+    /// The same for a phone paired by code whose enrolment waits for its first login: its key
+    /// is no more to be made up than an enrolled one.
+    @Test(arguments: [false, true]) func aRefusedMessageOneReplayedLaterIsStillAReplay(pending: Bool) throws {
         let key = KeyPair.generate()
-        var box = try Self.box(enrolling: key, for: "alice")
+        var box = try Self.box(enrolling: pending ? KeyPair.generate() : key, for: "alice")
         let now = Duration.seconds(100)
+        if pending {
+            _ = box.enrolment.paired(key.publicKey, code: box.enrolment.mint(user: "alice", enrolsAtPairing: false, now: now), now: now)
+        }
         var holding = [try Phone(key, at: box, link: 1), try Phone(key, at: box, link: 2)]
         for i in holding.indices { try holding[i].open(&box, now: now) }
         var third = try Phone(key, at: box, link: 3)
@@ -267,6 +272,33 @@ struct BoxStateTests {
             }
         }
         return codes
+    }
+
+    /// A flood of connections pushed out one after another (each remembered until its
+    /// disconnection) does not push out the memory of an honest link's channel: those that
+    /// name none are forgotten first.
+    @Test func aFloodOfConnectionsDoesNotFreeAHungUpLinksChannel() throws {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: key, for: "alice", configure: { $0.maxConnections = 1 })
+        let now = Duration.seconds(100)
+        var honest = try Phone(key, at: box, link: 1)
+        box.handle(.connected(honest.id, mtu: 247), now: now)
+        box.handle(.subscribed(honest.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        for n in 0...BoxState.hungUpLinksKept + 8 {
+            let id = CentralID(address: DeviceAddress(String(format: "AA:BB:CD:00:%02X:%02X", n >> 8, n & 0xff))!, connection: UInt64(1000 + n))
+            box.handle(.connected(id, mtu: 247), now: now + .microseconds(n))
+            if n == 0 { try honest.write(try honest.connection.start(), to: &box, now: now + .microseconds(n)) }
+        }
+        _ = box.take()
+        var copycat = try Phone(KeyPair.generate(), at: box, link: 2)
+        copycat.channel = honest.channel
+        box.handle(.connected(copycat.id, mtu: 247), now: now + .milliseconds(2))
+        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(2))
+        try copycat.write(try copycat.connection.start(), to: &box, now: now + .milliseconds(2))
+        let effects = box.take()
+        #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
+        #expect(!Self.saysAnything(on: honest.channel, in: effects))
+        #expect(box.hungUp.count <= BoxState.hungUpLinksKept)
     }
 
     /// The directory's users count only while its last read is fresh by the box's own wall

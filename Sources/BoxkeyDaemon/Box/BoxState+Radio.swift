@@ -9,9 +9,8 @@ extension BoxState {
         case .connected(let id, let mtu):
             // A central has one connection to a peripheral: a new one from the same address
             // means the old one is gone, whenever its disconnection event arrives.
-            forgetHungUpLinks(now: now)
             for stale in links.keys where stale.address == id.address && stale != id {
-                hungUp[stale] = HungUpLink(channel: links[stale]!.channelTaken, since: now)
+                rememberHungUp(stale, channel: links[stale]!.channelTaken, now: now)
                 linkEnded(stale, reason: .remoteUser, now: now)
                 emit(.radio(.disconnect(stale)))
             }
@@ -32,14 +31,14 @@ extension BoxState {
                     guard let victim = live.filter({ $0.connection.state == .awaitingHandshake })
                             .min(by: { $0.connectedAt < $1.connectedAt }) else {
                         audit(.warning, .connectionRefused, "refused \(id.address) at connect: \(live.count) authenticated connections already")
-                        hungUp[id] = HungUpLink(since: now)
+                        rememberHungUp(id, channel: nil, now: now)
                         emit(.radio(.disconnect(id)))
                         return
                     }
                     // Not counted against the victim's address: it may be an honest phone's.
                     audit(.notice, .connectionRefused, "dropped \(victim.id.address) (no handshake yet) to make room for \(id.address)")
                     links[victim.id] = nil
-                    hungUp[victim.id] = HungUpLink(channel: victim.channelTaken, since: now)
+                    rememberHungUp(victim.id, channel: victim.channelTaken, now: now)
                     emit(.radio(.disconnect(victim.id)))
                 }
             }
@@ -114,7 +113,8 @@ extension BoxState {
                                         pairingCode: code?.code) { phone, kind in
             admit(phone, kind, fromLimitedAddress: limited, now: now)
         }
-        if let refused = output.refusedHandshake, let phone = connection.phoneKey, !registry.isRevoked(phone), !enrolledUsers(of: phone).isEmpty {
+        if let refused = output.refusedHandshake, let phone = connection.phoneKey, !registry.isRevoked(phone),
+           !enrolledUsers(of: phone).isEmpty || enrolment.pendingEnrolment(of: phone, now: now) != nil {
             _ = replayCache.insert(refused.ephemeral, nonce: refused.nonce)
         }
         self.replayCache = replayCache
@@ -342,12 +342,22 @@ extension BoxState {
     /// How long a link the box hung up on and forgot keeps its channel from others if its
     /// disconnection never arrives (beyond any supervision timeout, 32 s at most).
     static let hungUpChannelMemory: Duration = .seconds(60)
+    static let hungUpLinksKept = 1024
 
-    mutating func forgetHungUpLinks(now: Duration) {
+    /// A link hung up on and forgotten: its channel (nil: none yet) stays taken until its
+    /// disconnection arrives.
+    mutating func rememberHungUp(_ id: CentralID, channel: FrameChannel?, now: Duration) {
+        hungUp[id] = HungUpLink(channel: channel, since: now)
         hungUp = hungUp.filter { now - $0.value.since < Self.hungUpChannelMemory }
-        // A flood of connections within that time: the oldest go first.
-        while hungUp.count > 4 * config.maxConnections, let oldest = hungUp.min(by: { $0.value.since < $1.value.since }) {
-            hungUp[oldest.key] = nil
+        // A flood of connections within that minute (entries come only with connections, so
+        // this is far more than a disconnection's few hundred ms allow): those that name no
+        // channel go first, then the oldest.
+        while hungUp.count > Self.hungUpLinksKept,
+              let gone = hungUp.min(by: { a, b in
+                  a.value.channel == nil && b.value.channel != nil
+                      || (a.value.channel == nil) == (b.value.channel == nil) && a.value.since < b.value.since
+              }) {
+            hungUp[gone.key] = nil
         }
     }
 }
