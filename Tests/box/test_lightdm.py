@@ -196,8 +196,11 @@ def test_lightdm_gtk_greeter_shows_the_box_and_takes_enter(alice):
     Boxkey's lines (docs/img), then Enter in its password field after the phone's push."""
     start_lightdm("lightdm-gtk-greeter")
     try:
+        # Usually up in 2-3 s; once in CI not within 30 s, with nothing said why: wait longer,
+        # and say what LightDM logged if it still does not come.
         wait_for(lambda: inside("xdotool", "search", "--class", "lightdm-gtk-greeter", env=X, check=False).stdout.strip(),
-                 timeout=30, what="lightdm-gtk-greeter's window")
+                 timeout=60, what=lambda: "lightdm-gtk-greeter's window; LightDM's logs:\n"
+                 + inside("sh", "-c", "tail -n 40 /var/log/lightdm/*.log", check=False).stdout)
         time.sleep(1)
         inside("xdotool", "type", "--delay", "20", "alice", env=X)
         inside("xdotool", "key", "Return", env=X)
