@@ -64,9 +64,12 @@ extension BoxState {
         case .wrote(let id, let characteristic, let value, let mtu):
             guard characteristic == BoxkeyProtocol.requestCharacteristicUUID else { return }
             guard let link = links[id], !link.dropped else {
-                // Hung up on, not yet gone: its phone's channel is still no other link's.
-                if links[id]?.channelTaken == nil, links[id] != nil { links[id]!.channelHeardAfterHangUp = FrameChannel.named(by: value) }
-                if hungUp[id] != nil, hungUp[id]!.channel == nil { hungUp[id]!.channel = FrameChannel.named(by: value) }
+                // Hung up on, not yet gone: the channel its phone writes on is no other link's.
+                if let link = links[id] {
+                    if link.channelTaken == nil { links[id]!.channelHeardAfterHangUp = FrameChannel.named(by: value) }
+                } else if let forgotten = hungUp[id], forgotten.channel == nil {
+                    hungUp[id]!.channel = FrameChannel.named(by: value)
+                }
                 return
             }
             if !link.mtuLogged || link.mtu != mtu { log(.debug, "\(id): ATT MTU \(mtu)") }
@@ -352,11 +355,8 @@ extension BoxState {
         // A flood of connections within that minute (entries come only with connections, so
         // this is far more than a disconnection's few hundred ms allow): those that name no
         // channel go first, then the oldest.
-        while hungUp.count > Self.hungUpLinksKept,
-              let gone = hungUp.min(by: { a, b in
-                  a.value.channel == nil && b.value.channel != nil
-                      || (a.value.channel == nil) == (b.value.channel == nil) && a.value.since < b.value.since
-              }) {
+        let rank = { (link: HungUpLink) in (link.channel == nil ? 0 : 1, link.since) }
+        while hungUp.count > Self.hungUpLinksKept, let gone = hungUp.min(by: { rank($0.value) < rank($1.value) }) {
             hungUp[gone.key] = nil
         }
     }
