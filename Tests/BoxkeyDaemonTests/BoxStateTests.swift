@@ -70,10 +70,15 @@ struct BoxStateTests {
             return events
         }
 
-        /// Connects, subscribes and handshakes.
-        mutating func open(_ box: inout BoxState, now: Duration) throws {
+        /// Connects and subscribes to the box's responses.
+        func connect(to box: inout BoxState, now: Duration) {
             box.handle(.connected(id, mtu: mtu), now: now)
             box.handle(.subscribed(id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        }
+
+        /// Connects, subscribes and handshakes.
+        mutating func open(_ box: inout BoxState, now: Duration) throws {
+            connect(to: &box, now: now)
             try write(try connection.start(), to: &box, now: now)
             #expect(try read(&box, now: now) == [.channelOpen])
         }
@@ -161,8 +166,7 @@ struct BoxStateTests {
         copycat.channel = owner.channel
         box.handle(.connected(owner.id, mtu: 247), now: now)
         try owner.write(try owner.connection.start(), to: &box, now: now)
-        box.handle(.connected(copycat.id, mtu: 247), now: now)
-        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        copycat.connect(to: &box, now: now)
         try copycat.write(try copycat.connection.start(), to: &box, now: now + .milliseconds(5))
         let effects = box.take()
         #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
@@ -194,8 +198,7 @@ struct BoxStateTests {
         try slow.write(try slow.connection.start(), to: &box, now: later)
         var copycat = try Phone(KeyPair.generate(), at: box, link: 2)
         copycat.channel = slow.channel
-        box.handle(.connected(copycat.id, mtu: 247), now: later)
-        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: later)
+        copycat.connect(to: &box, now: later)
         try copycat.write(try copycat.connection.start(), to: &box, now: later)
         let effects = box.take()
         #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
@@ -210,13 +213,11 @@ struct BoxStateTests {
         var box = try Self.box(enrolling: key, for: "alice")
         let now = Duration.seconds(100)
         var pushedOut = try Phone(key, at: box, link: 1)
-        box.handle(.connected(pushedOut.id, mtu: 247), now: now)
-        box.handle(.subscribed(pushedOut.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        pushedOut.connect(to: &box, now: now)
         var others: [Phone] = []
         for n in 0..<box.config.maxConnections {
             others.append(try Phone(KeyPair.generate(), at: box, link: UInt8(10 + n)))
-            box.handle(.connected(others[n].id, mtu: 247), now: now + .milliseconds(1))
-            box.handle(.subscribed(others[n].id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(1))
+            others[n].connect(to: &box, now: now + .milliseconds(1))
         }
         #expect(try Self.radio(to: pushedOut.id, in: box.take()) == ["hang up"])
         try pushedOut.write(try pushedOut.connection.start(), to: &box, now: now + .milliseconds(2))
@@ -248,16 +249,14 @@ struct BoxStateTests {
         var holding = [try Phone(key, at: box, link: 1), try Phone(key, at: box, link: 2)]
         for i in holding.indices { try holding[i].open(&box, now: now) }
         var third = try Phone(key, at: box, link: 3)
-        box.handle(.connected(third.id, mtu: 247), now: now)
-        box.handle(.subscribed(third.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        third.connect(to: &box, now: now)
         let recorded = try third.connection.start()
         try third.write(recorded, to: &box, now: now)
         #expect(try Self.refusals(to: third.id, in: box.take()) == [.busy])
         box.handle(.disconnected(holding[0].id, reason: .remoteUser), now: now + .seconds(1))
         box.handle(.disconnected(third.id, reason: .localHost), now: now + .seconds(1))
         let replayer = try Phone(KeyPair.generate(), at: box, link: 4)
-        box.handle(.connected(replayer.id, mtu: 247), now: now + .seconds(2))
-        box.handle(.subscribed(replayer.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .seconds(2))
+        replayer.connect(to: &box, now: now + .seconds(2))
         try replayer.write(recorded, to: &box, now: now + .seconds(2))
         #expect(try Self.refusals(to: replayer.id, in: box.take()) == [.replayedHandshake])
     }
@@ -282,8 +281,7 @@ struct BoxStateTests {
         var box = try Self.box(enrolling: key, for: "alice", configure: { $0.maxConnections = 1 })
         let now = Duration.seconds(100)
         var honest = try Phone(key, at: box, link: 1)
-        box.handle(.connected(honest.id, mtu: 247), now: now)
-        box.handle(.subscribed(honest.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now)
+        honest.connect(to: &box, now: now)
         for n in 0...BoxState.hungUpLinksKept + 8 {
             let id = CentralID(address: DeviceAddress(String(format: "AA:BB:CD:00:%02X:%02X", n >> 8, n & 0xff))!, connection: UInt64(1000 + n))
             box.handle(.connected(id, mtu: 247), now: now + .microseconds(n))
@@ -292,8 +290,7 @@ struct BoxStateTests {
         _ = box.take()
         var copycat = try Phone(KeyPair.generate(), at: box, link: 2)
         copycat.channel = honest.channel
-        box.handle(.connected(copycat.id, mtu: 247), now: now + .milliseconds(2))
-        box.handle(.subscribed(copycat.id, characteristic: BoxkeyProtocol.responseCharacteristicUUID), now: now + .milliseconds(2))
+        copycat.connect(to: &box, now: now + .milliseconds(2))
         try copycat.write(try copycat.connection.start(), to: &box, now: now + .milliseconds(2))
         let effects = box.take()
         #expect(try Self.radio(to: copycat.id, in: effects) == ["hang up"])
