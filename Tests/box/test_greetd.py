@@ -54,7 +54,7 @@ def test_greetd_asks_at_once_and_takes_a_push_with_enter(greetd, alice):
     assert any(i.startswith("Box 4821 — push from your phone, then press Enter here") for i in infos), infos
     assert "not offering phone login to greetd" not in journal()
     phone = alice.background("login")  # stays: the presence link
-    assert "greetd on seat0 tty2" in alice.waits_for_enter(phone)
+    assert "greetd on seat0 tty7" in alice.waits_for_enter(phone)
     enter = greetd.do("respond", text="")
     done = greetd.next("reply", type="success")
     figure("greetd_enter_to_authenticated_s", round(done["t"] - enter, 3))
