@@ -212,6 +212,69 @@ import Testing
         #expect(out2.replies == [Envelope.refusal(Refusal(.staleAdvertisement)).encode()])
     }
 
+    /// An enrolled insider opening handshake after handshake fills the cache. Once it was
+    /// full, every phone was refused `rateLimited` until the nonce rotated; now the flooding
+    /// key forgets its own oldest, and alice's recorded message 1 stays a replay.
+    @Test func aKeyThatFloodsTheReplayCacheAgesOutOnlyItsOwnHandshakes() throws {
+        var x = Exchange()
+        x.cache = HandshakeReplayCache(capacity: 8)
+        let alices = try x.open()
+        let mallory = KeyPair.generate()
+        var firstOfMallorys: [UInt8] = []
+        for i in 0..<20 {
+            var phone = PhoneConnection(identity: mallory, boxKey: Fixtures.box.publicKey, advertisement: Fixtures.advertisement)
+            let m1 = try phone.start()
+            if i == 0 { firstOfMallorys = m1 }
+            var box = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
+            let out = box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _, _ in nil })
+            #expect(box.state == .awaitingCommand, "handshake \(i): \(out.replies)")
+        }
+        #expect(x.cache.count == 8)
+        func replayed(_ m1: [UInt8]) -> Bool {
+            var box = BoxConnection(identity: Fixtures.box, boxID: Fixtures.boxID, connectedAt: .zero)
+            return box.receive(m1, nonces: x.nonces, replayCache: &x.cache, now: .zero, admit: { _, _ in nil }).replies
+                == [Envelope.refusal(Refusal(.replayedHandshake)).encode()]
+        }
+        #expect(replayed(alices))
+        #expect(!replayed(firstOfMallorys))  // forgotten: mallory's own, and it costs only mallory's slot
+        // And alice still gets in.
+        var again = Exchange()
+        again.cache = x.cache
+        _ = try again.open()
+    }
+
+    /// Many keys with one handshake each (an insider's keys, or a pairing code's tries): of keys
+    /// holding equally many, the one heard from last forgets, so alice's stays a replay.
+    @Test func aFloodOfKeysAgesOutItsOwnHandshakes() {
+        var cache = HandshakeReplayCache(capacity: 4)
+        let alice = KeyPair.generate().publicKey, alices = KeyPair.generate().publicKey
+        #expect(cache.insert(alices, nonce: 1, phone: alice) == .fresh)
+        for _ in 0..<10 {
+            #expect(cache.insert(KeyPair.generate().publicKey, nonce: 1, phone: KeyPair.generate().publicKey) == .fresh)
+        }
+        #expect(cache.count == 4)
+        #expect(cache.insert(alices, nonce: 1, phone: alice) == .replayed)
+    }
+
+    /// A flood across a nonce rotation: the bound holds, the flooding key forgets its own, and
+    /// what the rotation drops leaves the count right.
+    @Test func aFloodAcrossANonceRotationKeepsTheBoundAndAlicesHandshake() {
+        var cache = HandshakeReplayCache(capacity: 4)
+        let mallory = KeyPair.generate().publicKey, alice = KeyPair.generate().publicKey
+        let old = (0..<4).map { _ in KeyPair.generate().publicKey }
+        for e in old { #expect(cache.insert(e, nonce: 1, phone: mallory) == .fresh) }
+        cache.retain(nonces: [1, 2])
+        #expect(cache.count == 4)
+        let alices = KeyPair.generate().publicKey
+        #expect(cache.insert(alices, nonce: 2, phone: alice) == .fresh)
+        for _ in 0..<3 { #expect(cache.insert(KeyPair.generate().publicKey, nonce: 2, phone: mallory) == .fresh) }
+        #expect(cache.count == 4)
+        #expect(cache.insert(old[0], nonce: 1, phone: mallory) == .fresh)  // forgotten, mallory's own
+        cache.retain(nonces: [2])
+        #expect(cache.count == 3)
+        #expect(cache.insert(alices, nonce: 2, phone: alice) == .replayed)
+    }
+
     @Test func wrongBoxKeyIsRefusedAndThePhoneCannotOpen() throws {
         var x = Exchange(boxKey: KeyPair.generate().publicKey)
         let (out, events) = x.toBox(try x.phone.start())

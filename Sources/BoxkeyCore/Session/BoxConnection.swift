@@ -217,11 +217,7 @@ public struct BoxConnection {
             out.refusedHandshake = (ephemeral, nonce)
             return out
         }
-        switch replayCache.insert(ephemeral, nonce: nonce) {
-        case .replayed: return refuse(.replayedHandshake)
-        case .full: return refuse(.rateLimited)
-        case .fresh: break
-        }
+        if replayCache.insert(ephemeral, nonce: nonce, phone: phone) == .replayed { return refuse(.replayedHandshake) }
         guard let pairing else {
             do {
                 let (message2, channel) = try responder.writeMessage2()

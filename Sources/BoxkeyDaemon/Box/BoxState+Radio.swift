@@ -108,7 +108,9 @@ extension BoxState {
         if wasIdle, !links[id]!.reassembler.isIdle { wakeTimers() }
         guard let message else { return }
         var connection = links[id]!.connection
-        var replayCache = replayCache
+        // Taken out while the connection uses it, so writing to it copies nothing (admit never reads it).
+        var replayCache = HandshakeReplayCache()
+        swap(&replayCache, &self.replayCache)
         let code = enrolment.current(now: now)
         let limited = links[id]!.limited
         let nonces = nonces
@@ -118,7 +120,7 @@ extension BoxState {
         }
         if let refused = output.refusedHandshake, let phone = connection.phoneKey, !registry.isRevoked(phone),
            !enrolledUsers(of: phone).isEmpty || enrolment.pendingEnrolment(of: phone, now: now) != nil {
-            _ = replayCache.insert(refused.ephemeral, nonce: refused.nonce)
+            _ = replayCache.insert(refused.ephemeral, nonce: refused.nonce, phone: phone)
         }
         self.replayCache = replayCache
         links[id]!.connection = connection
