@@ -117,31 +117,6 @@ def session(session_id, *props):
     return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 
 
-VT_ACTIVATE = 0x5606  # linux/vt.h
-
-
-def active_vt():
-    """The kernel's foreground virtual console (the root shares this machine's), or None when
-    the root has none (scripts/box-test binds /dev/tty0 when this machine has it)."""
-    if not os.path.exists(f"/proc/{INIT}/root/dev/tty0"):
-        return None
-    try:
-        with open("/sys/class/tty/tty0/active") as f:
-            return int(f.read().strip().removeprefix("tty"))
-    except (OSError, ValueError):
-        return None
-
-
-def activate_vt(n, timeout=5.0):
-    """Brings VT n to the front, as Ctrl-Alt-Fn does, and waits until it is."""
-    fd = os.open(f"/proc/{INIT}/root/dev/tty0", os.O_RDONLY | os.O_NOCTTY)
-    try:
-        fcntl.ioctl(fd, VT_ACTIVATE, n)
-    finally:
-        os.close(fd)
-    wait_for(lambda: active_vt() == n, timeout=timeout, what=f"VT {n} in front")
-
-
 def sessions_of(user):
     r = inside("loginctl", "list-sessions", "--no-legend", check=False)
     return [line.split()[0] for line in r.stdout.splitlines() if len(line.split()) > 2 and line.split()[2] == user]

@@ -4,16 +4,14 @@ Debian's default, with xdotool. The session it opens runs xss-lock with i3lock, 
 follows logind; pam_gnome_keyring unlocks the login keyring."""
 import json
 import os
-import re
 import shutil
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import (PASSWORDS, ROOT, activate_vt, active_vt, configure_box, figure, inside, journal, journal_cursor,
-                      no_password_in_logs, read, session, sessions_of, wait_for)
+from conftest import (PASSWORDS, ROOT, configure_box, figure, inside, journal, journal_cursor, no_password_in_logs, read,
+                      session, sessions_of, wait_for)
 
 PASSWORD = PASSWORDS["alice"]
 RUN = "/run/boxkey-test"
@@ -49,76 +47,39 @@ class Greeter:
         return [e.get("text", "") for e in self.events() if e["event"] in ("prompt", "message")]
 
 
-LIGHTDM_VT = 7  # LightDM's first VT (minimum-vt), its X server's
-
-
-def lightdm_waits_for_vt():
-    """The VT LightDM's main process is blocked switching to, or None.
-
-    LightDM switches VTs with VT_ACTIVATE and then waits in VT_WAITACTIVE, retrying on EINTR
-    (its src/vt.c): while it waits it handles no signal, no greeter and no session. The root
-    shares this machine's VTs; should anything else switch VTs in that moment, LightDM's switch
-    never happens and it waits for good (on a box, until someone presses Ctrl-Alt-F7). Twice in
-    CI LightDM stopped answering at a VT switch, once at its greeter's start and once at a
-    session's (`systemctl stop lightdm` then waited past 60 s)."""
-    pid = inside("systemctl", "show", "--property=MainPID", "--value", "lightdm", check=False).stdout.strip()
-    if pid in ("", "0") or "vt_waitactive" not in inside("cat", f"/proc/{pid}/stack", check=False).stdout:
-        return None
-    asked = re.findall(r"Activating VT (\d+)", read("/var/log/lightdm/lightdm.log"))
-    return int(asked[-1]) if asked else LIGHTDM_VT
-
-
 def lightdm_state():
     """What LightDM and its children are doing, and its log: for a LightDM that does not stop."""
-    return (f"foreground VT {active_vt()}; LightDM waits for VT {lightdm_waits_for_vt()}\n"
-            + inside("ps", "-eo", "pid,ppid,stat,wchan:32,args", "--forest", check=False).stdout
+    return (inside("ps", "-eo", "pid,ppid,stat,wchan:32,args", "--forest", check=False).stdout
             + inside("sh", "-c", "tail -n 40 /var/log/lightdm/*.log", check=False).stdout)
 
 
-@pytest.fixture(autouse=True)
-def lightdm_never_waits_on_a_vt_for_good():
-    """Watches LightDM while a test runs: if it is stuck on a VT switch (lightdm_waits_for_vt),
-    brings that VT to the front as a person would, and says so (a figure). What the test checks
-    is then checked, not lost to a switch this machine made."""
-    done = threading.Event()
-    ended = []
-
-    def watch():
-        while not done.wait(0.5):
-            vt = lightdm_waits_for_vt()
-            if vt is not None:
-                print(f"LightDM waited for VT {vt} to come to the front; bringing it there")
-                ended.append(vt)
-                try:
-                    activate_vt(vt)
-                except AssertionError as e:  # the test's own waits then fail, and say more
-                    print(e)
-
-    if active_vt() is None:  # no VTs here: LightDM uses none
-        yield
-        return
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
-        if ended:
-            figure("lightdm_vt_waits_ended_by_the_test", len(ended))
+def forks_not_yet_run():
+    """Session children of LightDM's that have forked their session's process, which has not
+    yet exec'd it (it still runs as `lightdm --session-child`)."""
+    ps = inside("ps", "-eo", "pid=,ppid=,args=", check=False).stdout
+    procs = {p[0]: (p[1], p[2]) for p in (line.split(None, 2) for line in ps.splitlines()) if len(p) == 3}
+    return [pid for pid, (ppid, args) in procs.items()
+            if args.startswith("lightdm --session-child") and procs.get(ppid, ("", ""))[1].startswith("lightdm --session-child")]
 
 
 def start_lightdm(greeter_session):
     inside("sh", "-c", f"mkdir -p -m 1777 {RUN} && rm -f {RUN}/greeter.commands {RUN}/greeter.events && "
                        f"mkfifo -m 666 {RUN}/greeter.commands && install -m 666 /dev/null {RUN}/greeter.events")
     inside("sed", "-i", f"s/^greeter-session=.*/greeter-session={greeter_session}/", "/etc/lightdm/lightdm.conf.d/50-boxkey-test.conf")
-    if active_vt() is not None:
-        activate_vt(LIGHTDM_VT)  # LightDM's own switch to it is then no switch at all
     inside("systemctl", "reset-failed", "lightdm", check=False)
     inside("systemctl", "restart", "lightdm")
 
 
 def stop_lightdm():
+    """Stops LightDM once every session it started runs its own program.
+
+    LightDM 1.26's session child sets a SIGTERM handler, then forks the session's process; until
+    that process execs, it has the handler too, which calls exit() (src/session-child.c
+    signal_cb), not safe in a signal handler. Stopped within those milliseconds (here, right
+    after a test saw the session appear), the fork hung on a lock (futex_do_wait) and
+    `systemctl stop lightdm` waited past 60 s; on a box, systemd would kill it after 90 s. A
+    person does not stop the display manager within milliseconds of logging in."""
+    wait_for(lambda: not forks_not_yet_run(), timeout=10, what=lambda: "the session's program to run:\n" + lightdm_state())
     try:
         inside("systemctl", "stop", "lightdm", check=False, timeout=30)
     except subprocess.TimeoutExpired:
