@@ -261,6 +261,40 @@ struct BoxStateTests {
         #expect(try Self.refusals(to: replayer.id, in: box.take()) == [.replayedHandshake])
     }
 
+    /// An enrolled insider holding its two slots has every further handshake refused `busy`,
+    /// and each one cached all the same: the cheapest flood of the replay cache. At the cache's
+    /// bound the insider forgets its own; alice's recorded message 1 stays a replay, and alice
+    /// still gets in (before, a full cache refused her `rateLimited`).
+    @Test func anInsidersRefusedFloodAgesOutOnlyItsOwnHandshakes() throws {
+        let alice = KeyPair.generate(), mallory = KeyPair.generate()
+        var box = try Self.box(enrolling: alice, for: "alice")
+        try box.registry.enrol(mallory.publicKey, user: "mallory", name: "mallory's phone", by: "test")
+        box.replayCache = HandshakeReplayCache(capacity: 8)
+        let now = Duration.seconds(100)
+        var first = try Phone(alice, at: box, link: 1)
+        first.connect(to: &box, now: now)
+        let recorded = try first.connection.start()
+        try first.write(recorded, to: &box, now: now)
+        #expect(try first.read(&box, now: now) == [.channelOpen])
+        box.handle(.disconnected(first.id, reason: .remoteUser), now: now)
+        var holding = [try Phone(mallory, at: box, link: 2), try Phone(mallory, at: box, link: 3)]
+        for i in holding.indices { try holding[i].open(&box, now: now) }
+        for n: UInt8 in 10..<30 {
+            var flood = try Phone(mallory, at: box, link: n)
+            flood.connect(to: &box, now: now)
+            try flood.write(try flood.connection.start(), to: &box, now: now)
+            #expect(try Self.refusals(to: flood.id, in: box.take()) == [.busy])
+            box.handle(.disconnected(flood.id, reason: .localHost), now: now)
+        }
+        #expect(box.replayCache.count == 8)
+        let replayer = try Phone(KeyPair.generate(), at: box, link: 99)
+        replayer.connect(to: &box, now: now)
+        try replayer.write(recorded, to: &box, now: now)
+        #expect(try Self.refusals(to: replayer.id, in: box.take()) == [.replayedHandshake])
+        var again = try Phone(alice, at: box, link: 100)
+        try again.open(&box, now: now)
+    }
+
     /// The refusal codes among the notifications to `id`.
     static func refusals(to id: CentralID, in effects: [BoxEffect]) throws -> [Refusal.Code] {
         var codes: [Refusal.Code] = []
