@@ -10,7 +10,7 @@ public enum BoxDoctor {
     /// Where the PAM modules may be: Debian's multiarch folders (any architecture), then others.
     static var moduleFolders: [String] {
         var folders: [String] = []
-        for lib in ["/lib", "/usr/lib"] {
+        for lib in ["/usr/lib", "/lib"] {  // /usr/lib first: /lib is a link to it on merged-/usr Debian
             for entry in (try? FileManager.default.contentsOfDirectory(atPath: lib))?.sorted() ?? [] where entry.hasSuffix("-linux-gnu") {
                 folders.append("\(lib)/\(entry)/security")
             }

@@ -11,12 +11,13 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static char load_error[256];
 
 static void load_libldap(void) {
-    /* Debian 12's soname, then the later and earlier ones. */
+    /* Debian 12's soname (OpenLDAP 2.5), Debian 13's (2.6: libldap_r merged into libldap, the
+     * soname back to libldap.so.2 with an unchanged API), then 2.4's. */
     const char *names[] = { "libldap-2.5.so.0", "libldap.so.2", "libldap-2.4.so.2" };
     void *handle = NULL;
     for (size_t i = 0; !handle && i < sizeof names / sizeof *names; i++) handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
-        snprintf(load_error, sizeof load_error, "libldap is not installed (apt install libldap-2.5-0): %s", dlerror());
+        snprintf(load_error, sizeof load_error, "libldap is not installed (Debian 12: apt install libldap-2.5-0; Debian 13: apt install libldap2): %s", dlerror());
         return;
     }
     /* dlsym on the handle also finds liblber's functions: it is libldap's dependency. */

@@ -1,9 +1,13 @@
-# A throwaway Debian 12 booted with its own systemd (systemd-nspawn -b): its own journald,
-# logind and D-Bus, never this machine's login stack. Sourced by scripts/package-test and
-# scripts/box-test.
+# A throwaway Debian root (12 or 13) booted with its own systemd (systemd-nspawn -b): its own
+# journald, logind and D-Bus, never this machine's login stack. Sourced by scripts/package-test
+# and scripts/box-test.
 #
-#   root_make DIR PACKAGE...   a minimal root with these packages (mmdebstrap; apt lists kept, so
-#                              the packages under test pull their dependencies from the mirror)
+#   root_suite ARGS...         reads `--suite bookworm|trixie` (or 12|13) off the front of the
+#                              caller's arguments into $root_suite (default bookworm); the rest
+#                              are left in $root_args
+#   root_make DIR PACKAGE...   a minimal root of $root_suite with these packages (mmdebstrap; apt
+#                              lists kept, so the packages under test pull their dependencies
+#                              from the mirror)
 #   root_boot DIR [ARG...]     boots it (extra systemd-nspawn arguments); sets $root_init, the
 #                              root's PID 1 seen from here, once its systemd answers
 #   inside CMD...              runs CMD in the booted root as root, with a clean environment
@@ -12,15 +16,39 @@
 # The caller sets `trap root_stop EXIT`.
 
 root_dir=
+root_suite=bookworm
+root_args=()
 root_nspawn=
 root_init=
 root_console=
+
+# The supported releases: Debian 12 (bookworm, oldstable) and Debian 13 (trixie, stable).
+root_suite() {
+  root_args=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --suite) root_suite=${2:?--suite needs bookworm or trixie}; shift 2 ;;
+      --suite=*) root_suite=${1#--suite=}; shift ;;
+      *) root_args+=("$1"); shift ;;
+    esac
+  done
+  case "$root_suite" in
+    12|bookworm) root_suite=bookworm ;;
+    13|trixie) root_suite=trixie ;;
+    *) echo "booted-root: unknown suite $root_suite (bookworm or trixie)" >&2; return 2 ;;
+  esac
+}
+
+# The release a suite is, for people: "Debian 13 (trixie)".
+root_release() {
+  case "$root_suite" in bookworm) echo "Debian 12 (bookworm)" ;; trixie) echo "Debian 13 (trixie)" ;; esac
+}
 
 root_make() {
   local dir=$1
   shift
   local IFS=,
-  mmdebstrap --quiet --variant=minbase --skip=cleanup/apt/lists --include="$*" bookworm "$dir"
+  mmdebstrap --quiet --variant=minbase --skip=cleanup/apt/lists --include="$*" "$root_suite" "$dir"
 }
 
 root_boot() {
