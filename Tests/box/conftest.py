@@ -22,6 +22,7 @@ INIT = os.environ.get("BOXKEY_BOX_INIT")
 ROOT = os.environ.get("BOXKEY_BOX_ROOT")
 PASSWORDS = {"alice": "correct horse battery", "bob": "bob's own password"}
 FIGURES = os.environ.get("BOXKEY_BOX_FIGURES")
+SUITE = os.environ.get("BOXKEY_BOX_SUITE", "bookworm")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -118,8 +119,13 @@ def session(session_id, *props):
 
 
 def sessions_of(user):
+    """The user's logind sessions that a person logged in to. Debian 13's systemd (256 and
+    later) also lists the user's service manager (user@UID.service) as a session of class
+    "manager", on no seat; it is no login of anyone's: left out, as boxkeyd leaves it out (a
+    session on no seat is not at the box)."""
     r = inside("loginctl", "list-sessions", "--no-legend", check=False)
-    return [line.split()[0] for line in r.stdout.splitlines() if len(line.split()) > 2 and line.split()[2] == user]
+    ids = [line.split()[0] for line in r.stdout.splitlines() if len(line.split()) > 2 and line.split()[2] == user]
+    return [sid for sid in ids if session(sid, "Class").get("Class") != "manager"]
 
 
 class Console:
@@ -242,6 +248,14 @@ def box():
         if inside("id", user, check=False).returncode != 0:
             inside("useradd", "--create-home", "--shell", "/bin/bash", user)
         inside("chpasswd", input=f"{user}:{password}\n")
+        if SUITE != "bookworm":
+            # The test users' service managers run from the start and stay (lingering): on
+            # Debian 13 in this machine's containers, systemd 257 now and then never hears that a
+            # stopped user manager's cgroup is gone (user@UID.service "deactivating
+            # (final-sigkill)" with no cgroup left), and every later login of that user waits for
+            # it before its shell. That is the harness, not the box: with the manager kept
+            # running, logins, locks and walk-aways are the same as on a box.
+            inside("loginctl", "enable-linger", user)
     configure_box()
     phone = Phone("alice")
     inside("boxkeyd", "phones", "enrol", phone.key, "--user", "alice", "--name", "alice's phone")

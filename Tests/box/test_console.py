@@ -1,15 +1,19 @@
-"""Console login: getty's agetty and shadow's login on a real virtual console (tty1..tty3 of
-the kernel's, the root's getty@ttyN), PAM through the installed pam-auth-update profile, real
-logind. What a person sees on the screen and when."""
+"""Console login: getty's agetty and `login` on a real virtual console (tty1..tty3 of the
+kernel's, the root's getty@ttyN), PAM through the installed pam-auth-update profile, real
+logind. What a person sees on the screen and when. Debian 12's `login` is shadow's; Debian 13's
+is util-linux's (the `login` package moved), which differs in what Ctrl-C does."""
 import json
+import os
+import re
 import time
 
 import pytest
 
-from conftest import (PASSWORDS, Console, configure_box, figure, inside, journal, journal_cursor, no_password_in_logs,
-                      session, sessions_of, wait_for)
+from conftest import (PASSWORDS, Console, Phone, configure_box, figure, inside, journal, journal_cursor,
+                      no_password_in_logs, session, sessions_of, wait_for)
 
 PASSWORD = PASSWORDS["alice"]
+SUITE = os.environ.get("BOXKEY_BOX_SUITE", "bookworm")
 
 
 def open_prompts():
@@ -122,10 +126,22 @@ def test_ctrl_d_at_the_prompt_is_a_failed_login_and_closes_the_prompt(tty1):
     wait_for(lambda: open_prompts() == [], what="the prompt to close at the box")
 
 
-def test_ctrl_c_at_the_prompt_ends_login_and_closes_the_prompt(tty1):
+def test_ctrl_c_at_the_prompt_does_what_login_does_and_the_box_follows(tty1):
     at_password_prompt(tty1)
     tty1.type("\x03")
-    tty1.login_prompt()
+    if SUITE == "bookworm":
+        # shadow's login (Debian 12) has no SIGINT handler: it ends, getty starts again.
+        tty1.login_prompt()
+        wait_for(lambda: open_prompts() == [], what="the prompt to close at the box")
+        return
+    # util-linux's login (Debian 13's `login` package) ignores SIGINT and SIGQUIT from its
+    # start: Ctrl-C does nothing, the prompt stays on screen and open at the box.
+    time.sleep(1)
+    assert tty1.screen().splitlines()[-1].endswith("Password:"), tty1.screen()
+    assert len(open_prompts()) == 1
+    before = tty1.count("Login incorrect")
+    tty1.type("\x04")
+    tty1.wait_for_more("Login incorrect", before)
     wait_for(lambda: open_prompts() == [], what="the prompt to close at the box")
 
 
@@ -239,3 +255,31 @@ def test_walk_away_keeps_a_console_session_when_told_to(tty1, alice):
         log_out(tty1)
     finally:
         configure_box()
+
+
+def test_a_new_phone_pairs_with_the_code_on_the_console_and_its_first_login_enrols_it(tty1, alice):
+    """Enrolment as a user does it: the code the prompt shows, typed into the phone, then the
+    phone's first login at that prompt. The box checks the pushed password itself first
+    (boxkey-verify, run inside boxkeyd's sandbox): on Debian 13, PAM 1.7's pam_unix needed a
+    system call the unit denied, and this enrolment failed."""
+    bob = Phone("bob")
+    inside("rm", "-rf", bob.home)  # a new phone: nothing paired yet
+    fingerprint = json.loads(bob("status", "--json", check=True).stdout)["fingerprint"]
+    try:
+        at_password_prompt(tty1, user="bob")
+        code = re.findall(r"Pairing code (\d{6})", tty1.screen())[-1]  # this prompt's, the last shown
+        paired = bob("pair", "4821", "--code", code)
+        assert paired.returncode == 0, paired.stdout + paired.stderr
+        assert bob("credentials", "set", "--user", "bob", input=PASSWORDS["bob"] + "\n").returncode == 0
+        phone = bob.background("login", "--no-stay")
+        Phone.waits_for_enter(phone)
+        tty1.type("\n")
+        shell(tty1, user="bob")
+        assert phone.wait(30) == 0, phone.said()
+        assert re.search(f"enrolled: phone {fingerprint} .*for user bob by its first login under a pairing code", journal()), journal()
+        assert "cannot retrieve authentication info" not in journal()
+        log_out(tty1)
+    finally:
+        inside("boxkeyd", "phones", "revoke", fingerprint, "--yes", check=False)
+        for sid in sessions_of("bob"):
+            inside("loginctl", "terminate-session", sid, check=False)
