@@ -56,11 +56,13 @@ root_boot() {
   shift
   root_console=$root_dir.console
   # CAP_SYS_RESOURCE: a booted box's systemd sets its units' Limit*= (nspawn drops it by default).
-  # The unified cgroup hierarchy (cgroup v2), as Debian 12 and 13 boot: on a host with the
-  # legacy one nspawn would give the root that, where Debian 13's systemd 257 (v1 deprecated)
-  # lost track of a user's service manager once it stopped ("final-sigkill" for good), and
-  # every later login of that user hung before its shell.
-  SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn --quiet --register=no --keep-unit --directory="$root_dir" --capability=CAP_SYS_RESOURCE "$@" --boot >"$root_console" 2>&1 </dev/null &
+  # Debian 13 boots with the unified cgroup hierarchy (cgroup v2), as on hardware: systemd 257
+  # deprecates the legacy one, which nspawn gives a root on a host that has it (this machine).
+  # Debian 12 keeps the host's: its systemd 252 on this machine's unified hierarchy cannot kill
+  # a unit's processes ("Failed to kill control group ...: Input/output error").
+  local cgroups=()
+  [ "$root_suite" = bookworm ] || cgroups=(SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1)
+  env "${cgroups[@]}" systemd-nspawn --quiet --register=no --keep-unit --directory="$root_dir" --capability=CAP_SYS_RESOURCE "$@" --boot >"$root_console" 2>&1 </dev/null &
   root_nspawn=$!
   root_init=
   local pid
