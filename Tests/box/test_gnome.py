@@ -25,12 +25,11 @@ SetLockedHint call comes from gnome-shell (busctl monitor)."""
 import json
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
 
-from conftest import (INIT, PASSWORDS, ROOT, configure_box, figure, inside, inside_background, journal,
+from conftest import (PASSWORDS, ROOT, configure_box, figure, inside, inside_background, journal,
                       no_password_in_logs, read, session, sessions_of, wait_for)
 from test_greetd import Greetd
 
@@ -173,14 +172,18 @@ def screenshot(env, name):
     return os.path.join(ROOT, "root", name)
 
 
-def to_password_prompt(env, watch):
+def to_password_prompt(env):
     """alice typed into the login screen's user name entry, then Enter: seconds until the
     password entry was up (focused) in the login screen."""
-    inside("xdotool", "type", "--delay", "30", "alice", env=x_env(env))
-    entered = time.monotonic()
-    inside("xdotool", "key", "Return", env=x_env(env))
-    shown = watch.first(entered, lambda e: e["role"] == "password text" and e.get("focused") and e["type"].startswith("object:state-changed"),
-                        what="the password entry")
+    watch = Watch(GDM_USER, env)
+    try:
+        inside("xdotool", "type", "--delay", "30", "alice", env=x_env(env))
+        entered = time.monotonic()
+        inside("xdotool", "key", "Return", env=x_env(env))
+        shown = watch.first(entered, lambda e: e["role"] == "password text" and e.get("focused")
+                            and e["type"].startswith("object:state-changed"), what="the password entry")
+    finally:
+        watch.stop()
     return shown["t"] - entered
 
 
@@ -208,11 +211,7 @@ def seat0_login_screen(gdm_daemon, alice):
 
 def test_gdm_on_seat0_asks_at_once_and_a_push_then_enter_logs_in(seat0_login_screen, alice):
     env = seat0_login_screen
-    watch = Watch(GDM_USER, env)
-    try:
-        waited = to_password_prompt(env, watch)
-    finally:
-        watch.stop()
+    waited = to_password_prompt(env)
     figure(f"gdm_{SUITE}_user_name_to_password_prompt_s", round(waited, 3))
     assert waited < 1.0, waited
     assert "login prompt waiting: gdm-password on seat0 for alice" in journal(), journal()
@@ -249,11 +248,7 @@ def test_gdm_login_screen_over_xdmcp_asks_at_once_and_offers_no_phone(login_scre
     offer phone login there (PAM_RHOST is the X terminal's address and the asking worker is in
     no local session: a display that could be anywhere); a typed password logs alice in."""
     env = login_screen
-    watch = Watch(GDM_USER, env)
-    try:
-        waited = to_password_prompt(env, watch)
-    finally:
-        watch.stop()
+    waited = to_password_prompt(env)
     figure(f"gdm_xdmcp_{SUITE}_user_name_to_password_prompt_s", round(waited, 3))
     assert waited < 1.0, waited
     wait_for(lambda: "not offering phone login to gdm-password" in journal(), what="boxkeyd's word on the prompt")
