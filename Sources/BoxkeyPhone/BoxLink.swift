@@ -21,7 +21,7 @@ public actor BoxLink {
             case .keyChanged: "the box did not prove it holds the pinned key"
             case .pairingFailed: "pairing failed: the code was wrong, or this is not the box that shows it"
             case .protocolError(let s): "protocol error: \(s)"
-            case .linkLost(let r): "the link to the box was lost (\(r))"
+            case .linkLost(let r): "the link to the box was lost (\(r.sentence))"
             case .timedOut(let s): "timed out \(s)"
             }
         }
@@ -38,6 +38,8 @@ public actor BoxLink {
     private let clock = MonotonicClock()
     private let mtu: Int
     private var closed = false
+    /// Why the link went, once it has: every read from then on fails at once with it.
+    public private(set) var lostReason: DisconnectReason?
     /// Message 1, kept to be sent again while no answer comes (`awaitChannel`).
     private var firstMessage: [UInt8] = []
     /// The box's answer to it, to pass over when the box answers message 1 sent again.
@@ -219,6 +221,10 @@ public actor BoxLink {
     /// The next event from the box, or a failure (refusal, key mismatch, link loss, timeout).
     public func next(timeout: Duration) async throws -> PhoneConnection.Event {
         let deadline = clock.now + timeout
+        // A link that is gone or closed has nothing more to say: at once, not after `timeout`
+        // (a caller looping on reads would spin on an instant "timed out").
+        if let lostReason { throw Failure.linkLost(lostReason) }
+        if closed { throw Failure.linkLost(.localHost) }
         while true {
             let remaining = deadline - clock.now
             guard remaining > .zero else { throw Failure.timedOut("waiting for the box") }
@@ -228,6 +234,7 @@ public actor BoxLink {
                 throw Failure.timedOut("waiting for the box")
             case .disconnected(let reason)?:
                 connection.close()
+                lostReason = reason
                 throw Failure.linkLost(reason)
             case .notification(let c, let value)? where c == BoxkeyProtocol.responseCharacteristicUUID:
                 if value.starts(with: channel.bytes) { heardAt = clock.now }
@@ -269,7 +276,10 @@ public actor BoxLink {
                 try await link.write(BoxkeyProtocol.requestCharacteristicUUID, value: f, withResponse: confirmed && i == fragments.count - 1)
             }
         } catch let e as RadioError {
-            if case .disconnected(let r) = e { throw Failure.linkLost(r) }
+            if case .disconnected(let r) = e {
+                lostReason = r
+                throw Failure.linkLost(r)
+            }
             throw Failure.radio("\(e)")
         }
     }

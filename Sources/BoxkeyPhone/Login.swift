@@ -113,7 +113,8 @@ extension Phone {
         do {
             try await link.send(action == .lock ? .lock : .logout)
             // On a presence link, the answer to a keepalive sent just before may come first.
-            let deadline = MonotonicClock().now + .seconds(15)
+            // A lock's answer waits on the box's `lock_confirm_s` (up to 60 s).
+            let deadline = MonotonicClock().now + (action == .lock ? Self.lockAnswerWait : .seconds(15))
             repeat {
                 result = try await link.next(timeout: max(deadline - MonotonicClock().now, .milliseconds(1)))
             } while result == .keepalive
@@ -130,8 +131,14 @@ extension Phone {
         case .done: return
         case .noSession: throw PhoneFailure(.noSession, tr("you have no session on box {box}", ("box", id)))
         case .failed: throw PhoneFailure(.failure, action == .lock ? tr("box {box} could not lock the session", ("box", id)) : tr("box {box} could not end the session", ("box", id)))
+        case .notLockable:
+            throw PhoneFailure(.notLockable, tr("box {box} cannot lock your session: nothing on it follows logind's Lock (a text console, or a desktop without a screen locker). It is still open; `boxkey logout` ends it.", ("box", id)))
         }
     }
+
+    /// How long the phone waits for a lock's answer: the box's longest `lock_confirm_s` (60 s)
+    /// and logind's own time.
+    public static let lockAnswerWait: Duration = .seconds(75)
 }
 
 extension EnterWait {

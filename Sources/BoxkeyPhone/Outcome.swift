@@ -21,6 +21,7 @@ public enum Outcome: Int32, Sendable, CaseIterable, Codable {
     case cancelled = 16
     case timedOut = 17
     case agentUnavailable = 18
+    case notLockable = 19
     /// Bad arguments: the argument parser's own code (EX_USAGE).
     case usage = 64
 
@@ -45,6 +46,7 @@ public enum Outcome: Int32, Sendable, CaseIterable, Codable {
         case .cancelled: "cancelled: a question declined, or nothing entered (no attempt)"
         case .timedOut: "the box did not answer in time"
         case .agentUnavailable: "no agent running"
+        case .notLockable: "the box cannot lock the session (nothing on it follows logind's Lock, as on a text console): it is still open"
         case .usage: "bad arguments"
         }
     }

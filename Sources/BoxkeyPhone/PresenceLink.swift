@@ -85,6 +85,7 @@ public final class PresenceLink: Sendable {
                 failPending()
                 return .left(detached: detach)
             }
+            var lost: DisconnectReason?
             if let (what, done) = action {
                 do {
                     try await Phone.act(what, on: link, box: box, keepOnFailure: true)
@@ -92,13 +93,18 @@ public final class PresenceLink: Sendable {
                     failPending()
                     return .acted
                 } catch {
-                    // Not locked or ended: the link goes on guarding the session (a link lost
-                    // meanwhile is found again below, at the next read).
+                    // Not locked or ended: the link goes on guarding the session. One lost
+                    // meanwhile is found again like any other.
                     done(.failure(error))
-                    continue
+                    guard let reason = await link.lostReason else {
+                        nextKeepalive = clock.now
+                        continue
+                    }
+                    lost = reason
                 }
             }
             do {
+                if let lost { throw BoxLink.Failure.linkLost(lost) }
                 let event = try await link.next(timeout: .milliseconds(200))
                 if case .actionResult = event { await link.close(); return .sessionGone }
             } catch BoxLink.Failure.timedOut {
@@ -109,16 +115,16 @@ public final class PresenceLink: Sendable {
             } catch BoxLink.Failure.linkLost(let reason) {
                 state.withLockedValue { $0.connected = false }
                 let lostAt = localClockTime(Date())
-                log("Presence link to box \(box) lost at \(lostAt) (\(reason)); looking for the box…")
+                log(tr("Presence link to box {box} lost at {time} ({reason}); looking for the box…", ("box", box), ("time", lostAt), ("reason", reason.sentence)))
                 switch await reattach() {
                 case .back(let newLink):
                     state.withLockedValue { $0.link = newLink; $0.connected = true }
                     nextKeepalive = clock.now + keepalive
-                    log("Back in range: presence link to box \(box) restored.")
+                    log(tr("Back in range: presence link to box {box} restored.", ("box", box)))
                 case .gone:
                     // The box acted by its walk-away policy after its grace time: it says only
                     // that no session is left for this phone, not whether it locked or ended it.
-                    log("Box \(box) has no session for this phone any more: it was locked or ended after the presence link was lost at \(lostAt) (walking away).")
+                    log(tr("Box {box} has no session for this phone any more: it was locked or ended after the presence link was lost at {time} (walking away).", ("box", box), ("time", lostAt)))
                     failPending()
                     return .sessionGone
                 case .left(let detached):

@@ -1,4 +1,5 @@
 import BoxkeyL10n
+import BoxkeyRadio
 import FoundationEssentials
 import Glibc
 
@@ -21,5 +22,17 @@ extension String {
     /// characters, not bytes, so a translated label lines up too.
     public func padding(_ width: Int) -> String {
         count >= width ? self + " " : self + String(repeating: " ", count: width - count)
+    }
+}
+
+extension DisconnectReason {
+    /// Why a link went, as the person reads it.
+    public var sentence: String {
+        switch self {
+        case .localHost: tr("closed on this side")
+        case .remoteUser: tr("the box ended it")
+        case .supervisionTimeout: tr("nothing heard from the box: out of range, or it went away")
+        case .radioOff: tr("Bluetooth was switched off or restarted")
+        }
     }
 }

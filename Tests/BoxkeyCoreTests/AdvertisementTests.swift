@@ -28,7 +28,7 @@ import Testing
         let bytes = a.encode()
         #expect(bytes.count == Advertisement.payloadLength)
         #expect(try Advertisement.decode(bytes) == a)
-        #expect(bytes[0] == 0x43)   // version 4, flags 3
+        #expect(bytes[0] == 0x53)   // version 5, flags 3
         #expect(Array(bytes[1...2]) == [0x12, 0xD5])   // 4821
     }
 
@@ -38,9 +38,10 @@ import Testing
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(1)) { try Advertisement.decode([0x10, 0, 1, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(2)) { try Advertisement.decode([0x20, 0, 1, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(3)) { try Advertisement.decode([0x30, 0, 1, 0, 0, 0]) }
-        #expect(throws: Advertisement.DecodeError.unsupportedVersion(5)) { try Advertisement.decode([0x50, 0, 1, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.unsupportedVersion(4)) { try Advertisement.decode([0x40, 0, 1, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.unsupportedVersion(6)) { try Advertisement.decode([0x60, 0, 1, 0, 0, 0]) }
         #expect(throws: Advertisement.DecodeError.unsupportedVersion(0)) { try Advertisement.decode([0x00, 0, 1, 0, 0, 0]) }
-        #expect(throws: Advertisement.DecodeError.invalidBoxID(10000)) { try Advertisement.decode([0x40, 0x27, 0x10, 0, 0, 0]) }
+        #expect(throws: Advertisement.DecodeError.invalidBoxID(10000)) { try Advertisement.decode([0x50, 0x27, 0x10, 0, 0, 0]) }
     }
 
     @Test func prologueBindsVersionIDAndNonceButNotFlags() {

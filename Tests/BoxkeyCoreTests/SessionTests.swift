@@ -24,12 +24,18 @@ import Testing
     @Test func boxPresenceAndActions() {
         #expect(BoxSessionState.present.next(onPhone: .keepalive) == .present)
         #expect(BoxSessionState.awaitingCommand.next(onPhone: .keepalive) == nil)
-        #expect(BoxSessionState.present.next(onPhone: .lock) == .acting(.lock))
+        #expect(BoxSessionState.present.next(onPhone: .lock) == .acting(.lock, guarding: true))
+        #expect(BoxSessionState.awaitingCommand.next(onPhone: .lock) == .acting(.lock))
         #expect(BoxSessionState.present.next(onPhone: .attach) == nil)
         #expect(BoxSessionState.acting(.attach).next(onActionResult: ActionResult(action: .attach, outcome: .done)) == .present)
         #expect(BoxSessionState.acting(.attach).next(onActionResult: ActionResult(action: .attach, outcome: .noSession)) == .closed)
         #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .lock, outcome: .done)) == .closed)
         #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .logout, outcome: .done)) == nil)
+        // On the presence link, a lock or logout that did not happen leaves the link guarding.
+        #expect(BoxSessionState.acting(.lock, guarding: true).next(onActionResult: ActionResult(action: .lock, outcome: .done)) == .closed)
+        #expect(BoxSessionState.acting(.lock, guarding: true).next(onActionResult: ActionResult(action: .lock, outcome: .notLockable)) == .present)
+        #expect(BoxSessionState.acting(.logout, guarding: true).next(onActionResult: ActionResult(action: .logout, outcome: .failed)) == .present)
+        #expect(BoxSessionState.acting(.lock).next(onActionResult: ActionResult(action: .lock, outcome: .notLockable)) == .closed)
         #expect(BoxSessionState.verifying.next(onPhone: .error) == .closed)
         #expect(BoxSessionState.present.next(onPhone: .detach) == .closed)
         #expect(BoxSessionState.awaitingCommand.next(onPhone: .detach) == nil)
@@ -46,6 +52,9 @@ import Testing
         #expect(PhoneSessionState.ready.next(onBox: .loginResult(LoginResult(.accepted))) == nil)
         #expect(PhoneSessionState.awaitingActionResult(.lock).next(onBox: .actionResult(ActionResult(action: .logout, outcome: .done))) == nil)
         #expect(PhoneSessionState.present.next(onBox: .lock) == nil)
+        #expect(PhoneSessionState.present.next(onSend: .lock) == .awaitingActionResult(.lock, guarding: true))
+        #expect(PhoneSessionState.awaitingActionResult(.lock, guarding: true).next(onBox: .actionResult(ActionResult(action: .lock, outcome: .notLockable))) == .present)
+        #expect(PhoneSessionState.awaitingActionResult(.lock).next(onBox: .actionResult(ActionResult(action: .lock, outcome: .notLockable))) == .closed)
     }
 }
 

@@ -149,6 +149,29 @@ struct PolicyTests {
         #expect(p.away(now: .seconds(7)) == nil)
         #expect(p.away(now: .seconds(8)) != nil)                                // 6 s since the last one
         #expect(p.keepaliveDeadline == .seconds(8))
+        #expect(p.away(now: .seconds(8)) == "no keepalive for 6.0 s")          // in words
+    }
+
+    @Test func anActionInFlightIsNoMissedKeepaliveButTheSignalStillCounts() {
+        var p = PresenceMonitor(phone: phone, user: "alice", settings: settings, now: .zero)
+        p.keepalive(now: .seconds(2))
+        p.actionStarted()                                                        // the phone waits on the box's lock
+        #expect(p.away(now: .seconds(30)) == nil && p.keepaliveDeadline == nil)
+        p.actionEnded(now: .seconds(30))                                         // the timeout starts again
+        #expect(p.away(now: .seconds(35)) == nil && p.away(now: .seconds(36)) != nil)
+        var q = PresenceMonitor(phone: phone, user: "alice", settings: settings, now: .zero)
+        q.actionStarted()
+        for s in 1...6 { q.sample(nil, now: .seconds(s)) }
+        #expect(q.away(now: .seconds(6)) == "signal unreadable for 5.0 s")
+    }
+
+    @Test func durationsAreSpokenInWords() {
+        #expect(spokenDuration(.milliseconds(450)) == "450 ms")
+        #expect(spokenDuration(.nanoseconds(6_000_501_567)) == "6.0 s")
+        #expect(spokenDuration(.seconds(125)) == "2 min 5 s")
+        #expect(spokenDuration(.seconds(120)) == "2 min")
+        #expect(spokenDuration(.seconds(3 * 3600 + 600)) == "3 h 10 min")
+        #expect(spokenDuration(.seconds(-2)) == "-2.0 s")
     }
 
     @Test func failedReadsAreNoSampleNeverSpinAndSustainedFailureIsAway() {

@@ -27,12 +27,12 @@ struct SessionActionsTests {
         #expect(sessions.calls.withLockedValue { $0 } == ["lock 1", "lock 2"])
     }
 
-    @Test func anExplicitLockThatLockedNothingFailsAndEndsNothing() async throws {
+    @Test func anExplicitLockThatLockedNothingSaysSoAndEndsNothing() async throws {
         // A text console follows no Lock: LockedHint stays false.
         sessions.add(LoginSession(id: "7", uid: 1000, user: "alice", tty: "tty2", type: "tty"))
         let session = try await sessions.session(id: "7")!
         let locked = await actions.lock([session], orAllOf: ["alice"], phone: phone, reason: "test", walkAway: false, Self.now)
-        #expect(locked.outcome == .failed)
+        #expect(locked.outcome == .notLockable)
         #expect(sessions.calls.withLockedValue { $0 } == ["lock 7"])
     }
 

@@ -233,7 +233,34 @@ def test_walk_away_ends_a_console_session_that_nothing_can_lock(tty1, alice):
     figure("console_walk_away_to_session_ended_s", round(time.monotonic() - left, 3))
     box = journal()
     assert f"walk-away lock: session {sid}" in box
-    assert f"session {sid} (alice, seat0 tty1) did not report itself locked" in box and "ended it ([presence] not_locked = logout)" in box
+    assert f"session {sid} (alice, seat0 tty1) cannot be locked: nothing on it follows logind's Lock" in box and "ended it ([presence] not_locked = logout)" in box
+    tty1.login_prompt()
+
+
+def test_boxkey_lock_on_a_console_says_it_cannot_and_ends_nothing(tty1, alice):
+    """A console follows no Lock: `boxkey lock` says so (exit 19) after the box's confirm
+    wait, and ends nothing: the shell stays, the presence link stays up and guarding."""
+    at_password_prompt(tty1)
+    phone = alice.background("login")
+    alice.waits_for_enter(phone)
+    tty1.type("\n")
+    shell(tty1)
+    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    [sid] = sessions_of("alice")
+    asked = time.monotonic()
+    r = alice("lock")
+    figure("console_lock_answer_s", round(time.monotonic() - asked, 3))
+    assert r.returncode == 19 and "cannot lock your session" in r.stderr, r.stdout + r.stderr
+    time.sleep(8)  # past the keepalive timeout: nothing may follow
+    assert sessions_of("alice") == [sid] and phone.poll() is None
+    assert f"alice@boxkey-box:~$" in tty1.screen()
+    status = json.loads(inside("boxkeyd", "status", "--json").stdout)
+    assert [p["user"] for p in status["presence"]] == ["alice"], status
+    box = journal()
+    assert f"session {sid} (alice, seat0 tty1) cannot be locked" in box and "walked away" not in box
+    inside("pkill", "-KILL", "-f", "boxkey login", check=False)  # walk away: the session ends
+    phone.wait(10)
+    wait_for(lambda: not sessions_of("alice"), timeout=20, what="the walk-away to end the session")
     tty1.login_prompt()
 
 

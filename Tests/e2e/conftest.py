@@ -46,6 +46,12 @@ def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
+def process_cpu_seconds(pid):
+    """CPU time (user and system) process `pid` has used so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_process(p, sig=signal.SIGTERM, grace=5.0):
     """Sends `sig` to a Popen'd process and waits for it; SIGKILL after `grace` seconds. Never
     raises. Returns False if it took the SIGKILL."""

@@ -1,5 +1,5 @@
 """A hand-rolled central on the simulated radio (the SocketAir wire: 4-byte length + JSON) that
-speaks just enough Boxkey protocol 4 to open authenticated links with its own keys: Noise IK
+speaks just enough Boxkey protocol 5 to open authenticated links with its own keys: Noise IK
 message 1 (Noise_IK_25519_ChaChaPoly_BLAKE2b), then it stays silent. Any address it likes."""
 import glob
 import hashlib
@@ -19,7 +19,7 @@ SERVICE = "ea000001-caf9-4a51-a017-a07d06dfeed4"
 INFO = "ea000002-caf9-4a51-a017-a07d06dfeed4"
 REQUEST = "ea000003-caf9-4a51-a017-a07d06dfeed4"
 RESPONSE = "ea000004-caf9-4a51-a017-a07d06dfeed4"
-VERSION = 4
+VERSION = 5
 
 
 def raw(pub):

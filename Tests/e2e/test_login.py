@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import FINGERPRINT, PASSWORD, SLOW, wait_for
+from conftest import FINGERPRINT, PASSWORD, SLOW, process_cpu_seconds, wait_for
 
 # The tests marked both_radios also run over real BlueZ in the VM lab (scripts/lab-test); the
 # radio-specific steps are World methods (walk_away, come_back). A phone's process left running
@@ -224,25 +224,36 @@ def test_lock_and_logout_while_the_login_holds_the_presence_link(world, action):
     assert "presence link lost" not in world.box_output()
 
 
-def test_a_lock_the_box_could_not_carry_out_leaves_the_presence_link_guarding(world):
-    """A text console: LockSession changes nothing, so the box answers "could not lock". The
-    session is still open, so the presence link stays, and walking away still acts on it
-    (`not_locked = logout`, the default)."""
-    world.settings["presence"]["lock_confirm_s"] = 1
+def test_lock_of_a_session_nothing_can_lock_says_so_and_never_ends_it(world):
+    """`boxkey lock` on a text console: the box waits `lock_confirm_s` for LockedHint, then
+    says the session cannot be locked. Here that wait (8 s, as for a slow desktop locker) is
+    longer than the keepalive timeout (6 s), which the phone cannot keep while it waits for the
+    answer. The lock must end nothing: no TerminateSession, the holder's link stays up and
+    guarding (walking away still ends the session), and the holder does not spin."""
+    world.settings["presence"]["lock_confirm_s"] = 8
     world.start_box()
     world.pair_and_store()
     world.logind.without_locker("42")
     greeter = world.greeter("authenticate", "open_session")
     holder = world.staying_login()
     assert world.finish(greeter)[0] == 0
+    cpu_before = process_cpu_seconds(holder.pid)
+    started = time.monotonic()
     r = world.phone("lock")
-    assert r.returncode == 1 and "could not lock" in r.stderr, r.stdout + r.stderr
-    assert holder.poll() is None
-    # The box ends the channel after any action's answer; the holder attaches again (the box
-    # takes that only for a session not locked), within the grace time.
-    wait_for(lambda: (json.loads(world.phone("status", "--json").stdout)["presence"] or {}).get("connected"),
-             timeout=15, what="the presence link back")
-    assert "presence link back" in world.box_output()
+    took = time.monotonic() - started
+    assert r.returncode == 19, r.stdout + r.stderr
+    assert "box 4821 cannot lock your session" in r.stderr and "text console" in r.stderr, r.stderr
+    assert "remoteUser" not in r.stderr and took < 14, (took, r.stderr)
+    # The explicit lock ended nothing, now or a little later.
+    time.sleep(8)
+    assert "TerminateSession" not in world.logind.calls()
+    assert holder.poll() is None, open(holder.log).read()
+    assert process_cpu_seconds(holder.pid) - cpu_before < 2, "the holder spins"
+    presence = json.loads(world.phone("status", "--json").stdout)["presence"] or {}
+    assert presence.get("connected"), presence
+    assert "walked away" not in world.box_output()
+    assert "cannot be locked: nothing on it follows logind's Lock" in world.box_output()
+    # Still guarded: walking away ends it (`not_locked = logout`, the default).
     world.walk_away(holder)
     wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), timeout=20, what="the walk-away ending the session")
     holder.terminate()

@@ -391,15 +391,19 @@ def test_tampered_vault_can_be_seen_and_cleared_with_force(world):
 # --- CLI habits ---------------------------------------------------------------------------------
 
 def packaged_version():
-    """The version debian/changelog releases: what `--version` must say."""
-    changelog = os.path.join(os.path.dirname(__file__), "..", "..", "debian", "changelog")
-    with open(changelog) as f:
-        return re.match(r"boxkey \(([^)]+)\)", f.readline()).group(1)
+    """The version debian/changelog releases and the protocol version the sources speak: what
+    `--version` must say."""
+    top = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(top, "debian", "changelog")) as f:
+        release = re.match(r"boxkey \(([^)]+)\)", f.readline()).group(1)
+    with open(os.path.join(top, "Sources", "BoxkeyCore", "Protocol", "BoxkeyProtocol.swift")) as f:
+        protocol = re.search(r"static let version: UInt8 = (\d+)", f.read()).group(1)
+    return f"{release} (protocol {protocol})"
 
 
 def test_version_and_usage_errors(world):
     r = world.phone("--version")
-    assert r.returncode == 0 and r.stdout == f"boxkey {packaged_version()} (protocol 4)\n", r.stdout
+    assert r.returncode == 0 and r.stdout == f"boxkey {packaged_version()}\n", r.stdout
     r = world.phone("pair", "12a4", "--code", "123456")
     assert r.returncode == 64 and "'12a4'" in r.stderr and "Usage: boxkey pair" in r.stderr, r.stderr
     r = world.phone("login", "99999")
@@ -591,6 +595,28 @@ def test_lock_and_logout_through_the_agent_holding_the_presence_link(world, agen
     assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
     wait_for(lambda: call in world.logind.calls(), what=call)
     wait_for(lambda: not agents.status().get("presence"), what="the agent's presence link to end")
+
+
+def test_lock_through_the_agent_of_a_session_nothing_can_lock_says_so_and_keeps_the_link(world, agents):
+    """The agent holds the presence link of a text console: `boxkey lock` is told the session
+    cannot be locked (exit 19), the box ends nothing, and the agent's link stays up and says
+    so truly (the box still lists it)."""
+    world.settings["presence"]["lock_confirm_s"] = 8   # longer than the keepalive timeout
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    world.logind.without_locker("42")
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login").returncode == 0
+    assert world.finish(greeter)[0] == 0
+    wait_for(lambda: (agents.status().get("presence") or {}).get("connected"), what="the agent's presence link")
+    r = world.phone("lock")
+    assert r.returncode == 19 and "cannot lock your session" in r.stderr, r.stdout + r.stderr
+    time.sleep(8)
+    assert "TerminateSession" not in world.logind.calls()
+    assert (agents.status().get("presence") or {}).get("connected")
+    box = json.loads(world.admin("status", "--json").stdout)
+    assert [p["user"] for p in box["presence"]] == ["alice"], box
+    assert "walked away" not in world.box_output()
 
 
 def test_lock_through_a_foreground_login_makes_the_agent_drop_the_credentials(world, agents):

@@ -311,6 +311,10 @@ public struct ActionResult: Equatable, Sendable {
         case noSession = 1
         /// logind refused or failed.
         case failed = 2
+        /// A lock logind carried out, but no session said it was locked (LockedHint) within
+        /// the box's `lock_confirm_s`: nothing on it follows logind's Lock (a text console,
+        /// a desktop without a logind-aware locker). The session is still open. (Version 5.)
+        case notLockable = 3
     }
     public var action: Action
     public var outcome: Outcome

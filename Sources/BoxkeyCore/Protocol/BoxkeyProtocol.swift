@@ -12,9 +12,12 @@ public enum BoxkeyProtocol {
     /// Version 4 (2026-11-26): a push waits at the box's password prompt for Enter there, and
     /// the box says so (`awaitingEnter`), which a version 3 phone would take for a broken
     /// channel. Keys and enrolments stay valid.
-    public static let version: UInt8 = 4
+    /// Version 5 (2026-11-28): a lock the box could not carry out says so (`notLockable`), and
+    /// a lock or logout that failed on the presence link leaves that link up and guarding,
+    /// where a version 4 phone expects it closed. Keys and enrolments stay valid.
+    public static let version: UInt8 = 5
     /// Versions this build accepts. A peer with another version gets `Refusal.unsupportedVersion`.
-    public static let supportedVersions: ClosedRange<UInt8> = 4...4
+    public static let supportedVersions: ClosedRange<UInt8> = 5...5
 
     /// While it is the presence link, the phone sends a sealed keepalive this often; the box
     /// counts a few missed ones as walking away (`[presence] keepalive_timeout_s`). An open

@@ -9,9 +9,12 @@
 ///                                                   --otherwise--> closed
 ///     awaitingCommand --offer--> offering --intent (box)--> awaitingCommand (then the push)
 ///                                         --loginResult (box refuses)--> closed
-///     awaitingCommand | present --lock | logout | attach--> acting(action)
+///     awaitingCommand --lock | logout | attach--> acting(action)
+///     present --lock | logout--> acting(action, guarding)
 ///     acting(attach) --done--> present        acting(lock | logout) --any--> closed
 ///     acting(attach) --noSession | failed--> closed
+///     acting(lock | logout, guarding) --done--> closed, --otherwise--> present (a session
+///         that was not locked or ended stays guarded by the presence link it asked on)
 ///     present --keepalive--> present (box answers keepalive)
 ///     present --detach--> closed (the phone leaves on purpose: no walk-away action)
 ///     any --error, illegal message, timeout--> closed
@@ -26,7 +29,9 @@ public enum BoxSessionState: Equatable, Sendable {
     case verifying
     /// A proximity offer waits for the person's intent at the box.
     case offering
-    case acting(ActionResult.Action)
+    /// `guarding`: asked on the presence link, which goes on guarding a session the action did
+    /// not lock or end.
+    case acting(ActionResult.Action, guarding: Bool = false)
     case present
     case closed
 
@@ -34,10 +39,12 @@ public enum BoxSessionState: Equatable, Sendable {
     public func next(onPhone message: AppMessage.MessageType) -> BoxSessionState? {
         switch (self, message) {
         case (.awaitingPairConfirm, .pair): return .acting(.pair)
+        case (.present, .lock): return .acting(.lock, guarding: true)
+        case (.present, .logout): return .acting(.logout, guarding: true)
         case (.awaitingCommand, .credentialPush): return .verifying
         case (.awaitingCommand, .offer): return .offering
-        case (.awaitingCommand, .lock), (.present, .lock): return .acting(.lock)
-        case (.awaitingCommand, .logout), (.present, .logout): return .acting(.logout)
+        case (.awaitingCommand, .lock): return .acting(.lock)
+        case (.awaitingCommand, .logout): return .acting(.logout)
         case (.awaitingCommand, .attach): return .acting(.attach)
         case (.present, .keepalive): return .present
         case (.present, .detach): return .closed
@@ -60,8 +67,9 @@ public enum BoxSessionState: Equatable, Sendable {
 
     /// The state after the box has carried out a lock, logout or attach.
     public func next(onActionResult result: ActionResult) -> BoxSessionState? {
-        guard case .acting(let action) = self, action == result.action else { return nil }
-        return action == .attach && result.outcome == .done ? .present : .closed
+        guard case .acting(let action, let guarding) = self, action == result.action else { return nil }
+        if action == .attach { return result.outcome == .done ? .present : .closed }
+        return guarding && result.outcome != .done ? .present : .closed
     }
 }
 
@@ -73,9 +81,12 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     awaitingLoginResult --awaitingEnter--> awaitingLoginResult (the push waits for Enter)
 ///     ready --offer--> awaitingIntent --intent--> ready (then the push)
 ///                                     --loginResult (refused)--> closed
-///     ready | present --lock | logout | attach--> awaitingActionResult(action)
+///     ready --lock | logout | attach--> awaitingActionResult(action)
+///     present --lock | logout--> awaitingActionResult(action, guarding)
 ///     ready (after a pairing handshake) --pair--> awaitingActionResult(pair) --any--> closed
-///     awaitingActionResult(attach) --done--> present; every other answer --> closed
+///     awaitingActionResult(attach) --done--> present
+///     awaitingActionResult(lock | logout, guarding) --not done--> present
+///     every other answer --> closed
 ///     present --keepalive (either way)--> present
 ///     present --detach--> closed
 ///     any --refusal, error, illegal message--> closed
@@ -85,7 +96,8 @@ public enum PhoneSessionState: Equatable, Sendable {
     case ready
     case awaitingLoginResult
     case awaitingIntent
-    case awaitingActionResult(ActionResult.Action)
+    /// `guarding`: asked on the presence link (see `BoxSessionState.acting`).
+    case awaitingActionResult(ActionResult.Action, guarding: Bool = false)
     case present
     case closed
 
@@ -94,8 +106,10 @@ public enum PhoneSessionState: Equatable, Sendable {
         switch (self, message) {
         case (.ready, .credentialPush): return .awaitingLoginResult
         case (.ready, .offer): return .awaitingIntent
-        case (.ready, .lock), (.present, .lock): return .awaitingActionResult(.lock)
-        case (.ready, .logout), (.present, .logout): return .awaitingActionResult(.logout)
+        case (.ready, .lock): return .awaitingActionResult(.lock)
+        case (.ready, .logout): return .awaitingActionResult(.logout)
+        case (.present, .lock): return .awaitingActionResult(.lock, guarding: true)
+        case (.present, .logout): return .awaitingActionResult(.logout, guarding: true)
         case (.ready, .attach): return .awaitingActionResult(.attach)
         case (.ready, .pair): return .awaitingActionResult(.pair)
         case (.present, .keepalive): return .present
@@ -112,8 +126,9 @@ public enum PhoneSessionState: Equatable, Sendable {
         case (.awaitingLoginResult, .awaitingEnter): return .awaitingLoginResult
         case (.awaitingIntent, .intent): return .ready
         case (.awaitingIntent, .loginResult): return .closed
-        case (.awaitingActionResult(let a), .actionResult(let r)) where r.action == a:
-            return a == .attach && r.outcome == .done ? .present : .closed
+        case (.awaitingActionResult(let a, let guarding), .actionResult(let r)) where r.action == a:
+            if a == .attach { return r.outcome == .done ? .present : .closed }
+            return guarding && r.outcome != .done ? .present : .closed
         // A keepalive answer may cross a lock or logout the phone just sent.
         case (.present, .keepalive), (.awaitingActionResult, .keepalive): return self
         case (_, .error) where self != .closed: return .closed

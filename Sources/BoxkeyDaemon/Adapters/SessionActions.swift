@@ -50,8 +50,8 @@ struct SessionActions: Sendable {
     /// (LockedHint) within `lock_confirm_s` has nothing on it that follows logind's Lock: after a
     /// walk-away one of `targets` (sessions this phone opened or unlocked) is ended
     /// (`[presence] not_locked = logout`, the default) or kept and logged (`keep`); one found only
-    /// by the fail-closed search is never ended, only logged. An explicit lock that locked
-    /// nothing reports a failure to the phone.
+    /// by the fail-closed search is never ended, only logged. An explicit lock never ends a
+    /// session: one that locked nothing tells the phone `notLockable`.
     func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String, walkAway: Bool,
               _ settings: Settings) async -> Locked {
         var list = targets
@@ -73,7 +73,7 @@ struct SessionActions: Sendable {
         if walkAway { return Locked(outcome: outcome, toSettle: (list, endable)) }
         let open = await unconfirmedLocks(list, phone: phone, settings)
         await settle(open, phone: phone, endable: [], settings)
-        return Locked(outcome: open.count == list.count ? .failed : outcome)
+        return Locked(outcome: open.count == list.count ? .notLockable : outcome)
     }
 
     /// logind's LockSession only signals the session: the sessions of `list` that logind says
@@ -117,7 +117,7 @@ struct SessionActions: Sendable {
                 ended: @Sendable (String) async -> Void = { _ in }) async {
         let seconds = settings.lockConfirm.components.seconds
         for s in open {
-            let what = "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) did not report itself locked \(seconds) s after LockSession (LockedHint false): nothing on it follows logind's Lock — a text console, or a desktop without a logind-aware locker"
+            let what = "session \(logSafe(s.id)) (\(logSafe(s.user)), \(logSafe(s.place))) cannot be locked: nothing on it follows logind's Lock (LockedHint still false \(seconds) s after LockSession) — a text console, or a desktop without a logind-aware locker"
             guard endable.contains(s.id), settings.notLocked == .logout else {
                 let why = endable.contains(s.id) ? " ([presence] not_locked = keep)" : endable.isEmpty ? "" : " (not a session this phone opened: never ended for it)"
                 audit.audit(.error, .sessionAction, "\(what); it is still open\(why)", phone: phone.fingerprint, user: s.user)

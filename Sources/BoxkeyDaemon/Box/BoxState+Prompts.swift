@@ -233,7 +233,7 @@ extension BoxState {
         }
         deadlines += prompts.prompts.values.compactMap(\.deadline)
         deadlines += graces.values.map(\.deadline)
-        deadlines += presences.values.map(\.keepaliveDeadline)
+        deadlines += presences.values.compactMap(\.keepaliveDeadline)
         return deadlines.min()
     }
 }

@@ -193,6 +193,8 @@ extension BoxState {
         case .action(.pair)?:
             completePairing(on: id, now: now)
         case .action(let action)?:
+            // The phone waits for the answer without keepalives; the link still counts.
+            presences[id]?.actionStarted()
             emit(.work(.act(action, link: id)))
         case .close(let reason)?:
             closed(id, reason: reason, now: now)

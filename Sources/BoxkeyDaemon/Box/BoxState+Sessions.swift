@@ -151,6 +151,8 @@ extension BoxState {
         default:
             break
         }
+        // A lock or logout that did not happen on the presence link: the link goes on guarding.
+        presences[id]?.actionEnded(now: now)
         guard var connection = links[id]?.connection else { return }
         let output = connection.finishAction(ActionResult(action: action, outcome: outcome))
         links[id]?.connection = connection

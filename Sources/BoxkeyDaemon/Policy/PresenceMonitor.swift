@@ -35,18 +35,32 @@ public struct PresenceMonitor: Sendable {
         nextSample = now + settings.rssiInterval
     }
 
+    /// The phone asked for a lock or logout on this link and waits for the answer, sending no
+    /// keepalives meanwhile (the protocol has none while an action runs): the box's own wait
+    /// on logind (`lock_confirm_s`, which may be longer than `keepaliveTimeout`) is no sign
+    /// that the phone left. Link loss and the signal still count.
+    public private(set) var acting = false
+
     public mutating func keepalive(now: Duration) { lastKeepalive = now }
+
+    public mutating func actionStarted() { acting = true }
+
+    /// The action's answer went out: the keepalive timeout starts again from `now`.
+    public mutating func actionEnded(now: Duration) {
+        acting = false
+        lastKeepalive = now
+    }
 
     /// Why the phone counts as gone at `now`, or nil.
     public func away(now: Duration) -> String? {
-        if now - lastKeepalive >= settings.keepaliveTimeout {
-            return "no keepalive for \(now - lastKeepalive)"
+        if !acting, now - lastKeepalive >= settings.keepaliveTimeout {
+            return "no keepalive for \(spokenDuration(now - lastKeepalive))"
         }
         if let since = belowSince, now - since >= settings.awayAfter {
             return "signal below \(settings.lockThreshold) dBm"
         }
         if let since = failingSince, now - since >= settings.awayAfter {
-            return "signal unreadable since \(now - since) ago"
+            return "signal unreadable for \(spokenDuration(now - since))"
         }
         return nil
     }
@@ -83,6 +97,7 @@ public struct PresenceMonitor: Sendable {
 
     public var mean: Double { readings.isEmpty ? 0 : Double(readings.reduce(0, +)) / Double(readings.count) }
 
-    /// When a missing keepalive makes the phone gone (the timer loop's deadline).
-    public var keepaliveDeadline: Duration { lastKeepalive + settings.keepaliveTimeout }
+    /// When a missing keepalive makes the phone gone (the timer loop's deadline); none while
+    /// an action runs.
+    public var keepaliveDeadline: Duration? { acting ? nil : lastKeepalive + settings.keepaliveTimeout }
 }
