@@ -264,6 +264,35 @@ def test_boxkey_lock_on_a_console_says_it_cannot_and_ends_nothing(tty1, alice):
     tty1.login_prompt()
 
 
+@pytest.mark.parametrize("how", ["restart", "upgrade", "crash"])
+def test_walk_away_after_boxkeyd_restarts_still_ends_the_console(tty1, alice, how):
+    """`systemctl restart`, `dpkg -i` of the packages (what an upgrade does to the unit) and a
+    crash (Restart=on-failure) while the phone guards a console: the new daemon takes up the
+    session (guard.json in /run/boxkey), the phone attaches again, and walking away ends it."""
+    at_password_prompt(tty1)
+    phone = alice.background("login")
+    alice.waits_for_enter(phone)
+    tty1.type("\n")
+    shell(tty1)
+    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    [sid] = sessions_of("alice")
+    if how == "restart":
+        inside("systemctl", "restart", "boxkeyd")
+    elif how == "upgrade":
+        inside("sh", "-c", "cd /root/debs && DEBIAN_FRONTEND=noninteractive dpkg -i ./boxkeyd_*.deb ./libpam-boxkey_*.deb ./boxkey_*.deb")
+    else:
+        inside("systemctl", "kill", "--signal=SIGKILL", "boxkeyd")  # Restart=on-failure: back in 2 s
+    wait_for(lambda: "restored" in phone.said(), timeout=40, what="the phone attaching again")
+    status = json.loads(inside("boxkeyd", "status", "--json").stdout)
+    assert [s["id"] for s in status["sessions"]] == [sid] and [p["user"] for p in status["presence"]] == ["alice"], status
+    assert f"after a restart: guarding session(s) {sid} (alice, seat0 tty1" in journal()
+    inside("pkill", "-KILL", "-f", "boxkey login", check=False)  # walking away
+    phone.wait(10)
+    wait_for(lambda: not sessions_of("alice"), timeout=30, what="the walk-away to end the console")
+    assert "ended it ([presence] not_locked = logout)" in journal()
+    tty1.login_prompt()
+
+
 def test_walk_away_keeps_a_console_session_when_told_to(tty1, alice):
     configure_box(presence={"grace_s": "1", "not_locked": '"keep"'})
     try:

@@ -260,6 +260,50 @@ def test_lock_of_a_session_nothing_can_lock_says_so_and_never_ends_it(world):
     holder.wait(10)
 
 
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_walk_away_after_a_box_restart_ends_the_console_the_phone_opened(world, how):
+    """The daemon restarts (an upgrade, `systemctl restart`) or crashes while alice's phone
+    guards her console: the new daemon takes up the session and its phone (guard.json), the
+    phone attaches again, and walking away then ends the console as it would have before."""
+    world.start_box()
+    world.pair_and_store()
+    world.logind.without_locker("42")
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.staying_login()
+    assert world.finish(greeter)[0] == 0
+    if how == "crash":
+        world.box_process.kill()
+        world.box_process.wait(10)
+    else:
+        world.stop_box()
+    world.start_box()
+    wait_for(lambda: "restored" in open(holder.log).read(), timeout=20, what="the phone attaching again")
+    status = json.loads(world.admin("status", "--json").stdout)
+    assert [s["id"] for s in status["sessions"]] == ["42"] and [p["user"] for p in status["presence"]] == ["alice"], status
+    assert "after a restart: guarding session(s) 42 (alice" in world.box_run_output()
+    world.walk_away(holder)
+    wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), timeout=25, what="the walk-away ending the console")
+    holder.terminate()
+    holder.wait(10)
+
+
+def test_a_phone_that_left_while_the_box_was_down_is_a_walk_away(world):
+    """The phone goes while no daemon runs: the new daemon gives it its grace time to come
+    back, then walks it away (here: ends the console it opened)."""
+    world.start_box()
+    world.pair_and_store()
+    world.logind.without_locker("42")
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.staying_login()
+    assert world.finish(greeter)[0] == 0
+    world.stop_box()
+    holder.kill()
+    holder.wait(10)
+    world.start_box()
+    wait_for(lambda: 'TerminateSession "42"' in world.logind.calls(), timeout=30, what="the walk-away ending the console")
+    assert "did not come back after the box restarted" in world.box_run_output()
+
+
 def test_a_second_login_leaves_a_live_presence_link_alone(world):
     """While a login holds a live presence link the session is open: a second `boxkey login`
     to the box is refused before it asks anything, and the first keeps guarding the session

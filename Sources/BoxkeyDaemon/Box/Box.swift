@@ -21,12 +21,17 @@ public actor Box {
     /// on a value that is modified in place: no copy, and no decision can forget them).
     var state: BoxState {
         didSet {
+            keepGuardRecord()
             guard !state.effects.isEmpty else { return }
             let effects = state.effects
             state.effects = []
             perform(effects)
         }
     }
+    /// Where what the box guards is kept for the next daemon (`resume`), and what it last wrote.
+    var guardFile: GuardFile?
+    var savedGuard: GuardRecord?
+    var guardWriteFailed = false
     public nonisolated let identity: BoxIdentity
     let sessions: any SessionControl
     /// Lock and logout through logind, for `BoxWorker`.
@@ -99,6 +104,45 @@ public actor Box {
     }
 
     public var config: DaemonConfig { state.config }
+
+    // MARK: - Restarts
+
+    /// At start: takes up what the daemon before this one guarded (`file`), each session
+    /// checked with logind again, and from now on keeps the file up to date.
+    public func resume(from path: String) async {
+        let file = GuardFile(path: path)
+        var record = GuardRecord()
+        do { record = try file.load() ?? GuardRecord() } catch {
+            logger.warning("\(error): starting with no session on record (walk-away locks every local session of a returning phone's user, and ends none)")
+        }
+        var live: [String: LoginSession] = [:]
+        for s in record.sessions {
+            do { if let session = try await sessions.session(id: s.id) { live[s.id] = session } } catch {
+                logger.warning("logind did not answer for session \(logSafe(s.id)) of the daemon before this one (\(error)): not guarding it")
+            }
+        }
+        if !record.isEmpty { state.resume(record, live: live, now: clock.now) }
+        guardFile = file
+        savedGuard = nil
+        keepGuardRecord()
+    }
+
+    /// Writes the guarded state when it changed. A failed write (a full /run) is said once,
+    /// and tried again at the next change: this daemon still guards all it knows.
+    private func keepGuardRecord() {
+        guard let guardFile else { return }
+        let record = state.guardRecord
+        guard record != savedGuard else { return }
+        do {
+            try guardFile.save(record)
+            savedGuard = record
+            if guardWriteFailed { logger.notice("\(guardFile.path) written again: walk-away survives a restart") }
+            guardWriteFailed = false
+        } catch {
+            if !guardWriteFailed { logger.error("\(error): after a restart of boxkeyd, walk-away would not know the sessions on record") }
+            guardWriteFailed = true
+        }
+    }
 
     /// SIGHUP: takes the new settings that can change while running (limits, enrolment,
     /// presence, services, timeouts); returns the changed keys that need a restart.

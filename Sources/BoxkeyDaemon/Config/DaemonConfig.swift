@@ -71,6 +71,15 @@ public struct DaemonConfig: Sendable, Equatable {
         let admin = name.hasPrefix("pam") ? "admin" + name.dropFirst(3) : name + ".admin"
         return folder == "/" ? "/" + admin : folder + "/" + admin
     }
+    /// What the box guards, kept for the next daemon (`GuardFile`), beside the PAM socket:
+    /// `guard.json` for `pam.sock` (`guard-4822.json` for `pam-4822.sock`).
+    public var guardFile: String {
+        let folder = pamSocket.parentDirectory
+        var name = String(pamSocket.split(separator: "/").last ?? "pam.sock")
+        if name.hasSuffix(".sock") { name.removeLast(5) }
+        let file = (name.hasPrefix("pam") ? "guard" + name.dropFirst(3) : name + ".guard") + ".json"
+        return folder == "/" ? "/" + file : folder + "/" + file
+    }
     /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
     public var pamAllowedUIDs: [UInt32] = []
     /// How long a proximity offer stays at a prompt for Enter, and the cap on the module's

@@ -71,6 +71,9 @@ public enum Daemon {
         // the radio's services join when it is there (RadioSupervisor).
         let box = Box(config: config, identity: identity, registry: registry, escrow: escrow, sessions: sessions, clock: MonotonicClock(),
                       logger: logger, radioDescription: "waiting for the radio", radioAttached: false)
+        // What the daemon before this one guarded (a restart, an upgrade, a crash), before any
+        // prompt or phone is served.
+        await box.resume(from: config.guardFile)
         let readiness = Readiness(parts: 2, logger: logger)
         let reloader = SignalService(box: box, signals: signals, load: reload ?? { config }, logger: logger, readiness: readiness)
         let bridge = PAMBridge(box: box, path: config.pamSocket, allowedUIDs: config.pamAllowedUIDs, logger: logger, readiness: readiness)
