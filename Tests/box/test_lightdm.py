@@ -155,6 +155,11 @@ def test_a_push_then_enter_opens_a_real_session_and_unlocks_the_keyring(greeter,
     # The real password reached the stack: pam_gnome_keyring unlocked the login keyring with it.
     wait_for(lambda: keyring_unlocks() > unlocks, timeout=20, what="pam_gnome_keyring to unlock the login keyring")
     wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    # boxkeyd restarts (as every upgrade makes it): the new daemon takes up the session, and
+    # the phone attaches again (Plasma's test walks away with no restart).
+    inside("systemctl", "restart", "boxkeyd")
+    wait_for(lambda: "restored" in phone.said(), timeout=40, what="the phone attaching again")
+    assert f"after a restart: guarding session(s) {sid} (alice, seat0 :0" in journal()
 
     # Walk-away: the phone goes; logind's Lock reaches xss-lock, which runs i3lock and says so.
     left = time.monotonic()
