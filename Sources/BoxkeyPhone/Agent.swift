@@ -135,8 +135,10 @@ public actor Agent {
                            proximityOpen: proximity.flatMap { p in held.map { clock.now - $0.unlockedAt < p.window } })
     }
 
-    /// Serves one request; `reply` is told progress lines and the final answer.
-    public func handle(_ request: AgentRequest, reply: @escaping @Sendable (AgentReply) -> Void) async {
+    /// Serves one request; `reply` is told progress lines and the final answer. `withdrawal`
+    /// is asked when the client goes away (Ctrl-C): a login's push still waiting for Enter is
+    /// taken back.
+    public func handle(_ request: AgentRequest, withdrawal: Withdrawal = Withdrawal(), reply: @escaping @Sendable (AgentReply) -> Void) async {
         switch request {
         case .status:
             reply(.result(.success, message: statusText(), details: Self.json(status())))
@@ -148,21 +150,26 @@ public actor Agent {
                 reply(.result(error.outcome, message: error.message, details: ""))
             }
         case .forget:
+            withdrawPushes()
             await forget("asked to")
             reply(.result(.success, message: "The agent dropped the credentials.", details: ""))
         case .stop:
             stopRequested = true
+            withdrawPushes()
             await forget("stopping")
             presence?.leave(detach: false)
             linkJobContinuation.finish()
             reply(.result(.success, message: "Agent stopped.", details: ""))
         case .login(let box, let stay):
-            await exclusive(reply) { try await self.login(box, stay: stay, reply: reply) }
+            await exclusive(reply) { try await self.login(box, stay: stay, withdrawal: withdrawal, reply: reply) }
             await settleHolding()
         case .act(let action, let box):
             // The person is leaving: the credentials go now, even if the agent is busy; the
             // lock itself waits for the job in hand (a login) rather than being refused.
-            if action == .lock { await forget("boxkey lock") }
+            if action == .lock {
+                withdrawPushes()
+                await forget("boxkey lock")
+            }
             await exclusive(reply, waitUpTo: Self.actionWait) { try await self.act(action, box: box) }
         }
     }
@@ -188,25 +195,37 @@ public actor Agent {
         }
     }
 
-    private func login(_ box: BoxID?, stay: Bool, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply? {
+    /// The pushes of logins in progress, each taken back if it still waits for Enter.
+    private var pushesInFlight: [ObjectIdentifier: Withdrawal] = [:]
+
+    /// `forget`, `lock`, `stop`: the person is leaving, so no push of theirs stays at a prompt.
+    private func withdrawPushes() {
+        for w in pushesInFlight.values where w.ask() { log("withdrawing the push that waits for Enter") }
+    }
+
+    private func login(_ box: BoxID?, stay: Bool, withdrawal: Withdrawal, reply: @escaping @Sendable (AgentReply) -> Void) async throws(PhoneFailure) -> AgentReply? {
         await tick()
         guard let held else {
             let vault = try phone.vault()
             guard vault.hasPIN else {
                 try await unlock(pin: nil)
-                return try await login(box, stay: stay, reply: reply)
+                return try await login(box, stay: stay, withdrawal: withdrawal, reply: reply)
             }
             return .needPIN
         }
         let id = try phone.boxID(box)
         try phone.checkReachable(id)
         loginsInProgress += 1
-        defer { loginsInProgress -= 1 }
+        pushesInFlight[ObjectIdentifier(withdrawal)] = withdrawal
+        defer {
+            loginsInProgress -= 1
+            pushesInFlight[ObjectIdentifier(withdrawal)] = nil
+        }
         var phone = phone
         defer { self.phone = phone }
-        let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central,
+        let (report, link) = try await phone.login(to: id, user: held.user, password: held.password, radio: radio.central, withdrawal: withdrawal,
                                                    progress: { elapsed in reply(.progress("looking for box \(id)… \(elapsed.components.seconds) s")) },
-                                                   awaitingEnter: { reply(.progress($0.sentence(box: id))) })
+                                                   awaitingEnter: { reply(.say($0.sentence(box: id))) })
         log(report.sentence)
         // The answer goes out first: closing the link takes round trips the person need not wait for.
         reply(.result(.success, message: report.sentence + (stay ? " The agent holds the presence link." : ""), details: Self.json(report)))

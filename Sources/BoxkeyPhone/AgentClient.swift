@@ -5,8 +5,8 @@ import Glibc
 /// `boxkey`'s side of the agent socket: blocking, one request per connection. It talks only to
 /// an agent of this user — the socket's peer is checked with SO_PEERCRED — so another account
 /// cannot stand in for the agent and collect a PIN.
-public final class AgentClient {
-    private var fd: Int32
+public final class AgentClient: Sendable {
+    private let fd: Int32
 
     /// Connects to this user's agent, or returns nil when none is running.
     public convenience init?(_ dirs: PhoneDirectories) {
@@ -31,10 +31,15 @@ public final class AgentClient {
 
     deinit { Glibc.close(fd) }
 
+    /// Ends this side's sending (the agent reads the end as the client going away: a login's
+    /// push still waiting for Enter is taken back) while the answer can still be read. Safe to
+    /// call from another thread during `send`.
+    public func stopAsking() { _ = shutdown(fd, Int32(SHUT_WR)) }
+
     /// Sends `request`, hands each progress line to `progress`, and returns the final reply
     /// (`result` or `needPIN`). A silent agent is given `timeout` in total.
     public func send(_ request: AgentRequest, timeout: Duration = .seconds(120),
-                     progress: (String) -> Void = { _ in }) throws(PhoneFailure) -> AgentReply {
+                     progress: (String) -> Void = { _ in }, say: (String) -> Void = { _ in }) throws(PhoneFailure) -> AgentReply {
         let frame = request.frame()
         let sent = frame.withUnsafeBytes { b in
             var at = 0
@@ -52,6 +57,7 @@ public final class AgentClient {
         while true {
             let reply = try receive(until: deadline, clock: clock)
             if case .progress(let line) = reply { progress(line); continue }
+            if case .say(let line) = reply { say(line); continue }
             return reply
         }
     }

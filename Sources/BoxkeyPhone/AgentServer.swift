@@ -46,7 +46,7 @@ public struct AgentServer: Sendable {
         defer { socket.unlinkIfOurs() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
-                try await socket.serve({ request, reply in await agent.handle(request, reply: reply) }, answered: { request in
+                try await socket.serve({ request, withdrawal, reply in await agent.handle(request, withdrawal: withdrawal, reply: reply) }, answered: { request in
                     // The answer to `stop` is out: now the agent may end.
                     if case .stop = request { stops.continuation.yield() }
                 })
@@ -162,6 +162,9 @@ struct UserSocket: Sendable {
     /// Binds `path`, replacing a socket file left there.
     static func bind(_ path: String, log: @escaping @Sendable (String) -> Void) async throws -> UserSocket {
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            // A client that stops sending (Ctrl-C in `boxkey login`: `AgentClient.stopAsking`)
+            // still reads its answer.
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(AgentFrameReader())
@@ -184,7 +187,9 @@ struct UserSocket: Sendable {
         if bound != nil, SocketFile(path) == bound { unlink(path) }
     }
 
-    typealias Handler = @Sendable (AgentRequest, @escaping @Sendable (AgentReply) -> Void) async -> Void
+    /// A request, its `Withdrawal` (asked when the client goes away before the answer: Ctrl-C
+    /// in `boxkey login` takes a push back) and the function that sends its replies.
+    typealias Handler = @Sendable (AgentRequest, Withdrawal, @escaping @Sendable (AgentReply) -> Void) async -> Void
 
     /// Serves until cancelled: `handle` gets each request and a function that sends its replies
     /// (the connection ends after a `result` or `needPIN`); `answered` runs once they are out.
@@ -214,6 +219,15 @@ struct UserSocket: Sendable {
             var iterator = inbound.makeAsyncIterator()
             guard let decoded = try await iterator.next() else { return }
             let (replies, continuation) = AsyncStream.makeStream(of: AgentReply.self)
+            let withdrawal = Withdrawal()
+            // One request per connection: the client's end closing before the answer means it
+            // went away (Ctrl-C), and what it asked for is taken back where it can be.
+            let gone = Task { [iterator] in
+                var rest = iterator
+                while (try? await rest.next()) != nil {}
+                if !Task.isCancelled { withdrawal.ask() }
+            }
+            defer { gone.cancel() }
             try await withThrowingTaskGroup(of: Void.self) { group in
                 switch decoded {
                 case .failure(let error):
@@ -221,15 +235,17 @@ struct UserSocket: Sendable {
                     continuation.finish()
                 case .success(let request):
                     group.addTask {
-                        await handle(request) { reply in
+                        await handle(request, withdrawal) { reply in
                             continuation.yield(reply)
-                            if case .progress = reply { return }
-                            continuation.finish()
+                            switch reply {
+                            case .progress, .say: return
+                            case .needPIN, .result: continuation.finish()
+                            }
                         }
                     }
                 }
                 for await reply in replies {
-                    try await outbound.write(ByteBuffer(bytes: reply.frame()))
+                    try? await outbound.write(ByteBuffer(bytes: reply.frame()))
                 }
                 try await group.waitForAll()
             }

@@ -61,20 +61,23 @@ public enum AgentRequest: Sendable {
 }
 
 public enum AgentReply: Equatable, Sendable {
-    /// A line to show while the work goes on ("looking for box 4821… 3 s").
+    /// A line to show while the work goes on ("looking for box 4821… 3 s"), replaced by the next.
     case progress(String)
+    /// A line to keep ("Sent. Press Enter at box 4821's password prompt…").
+    case say(String)
     /// The agent holds no credentials and the vault has a PIN: send `unlock` first.
     case needPIN
     /// The end: the outcome, the text for the person, and details as JSON (may be empty).
     case result(Outcome, message: String, details: String)
 
-    enum Kind: UInt8 { case progress = 0x81, needPIN, result }
+    enum Kind: UInt8 { case progress = 0x81, needPIN, result, say }
 
     public func frame() -> [UInt8] {
         var w = AgentWireWriter()
         switch self {
         case .progress(let text): w.u8(Kind.progress.rawValue); w.text(text)
         case .needPIN: w.u8(Kind.needPIN.rawValue)
+        case .say(let text): w.u8(Kind.say.rawValue); w.text(text)
         case .result(let outcome, let message, let details):
             w.u8(Kind.result.rawValue); w.u8(UInt8(truncatingIfNeeded: outcome.rawValue)); w.text(message); w.text(details)
         }
@@ -88,6 +91,7 @@ public enum AgentReply: Equatable, Sendable {
         switch kind {
         case .progress: reply = .progress(try r.text())
         case .needPIN: reply = .needPIN
+        case .say: reply = .say(try r.text())
         case .result:
             guard let outcome = Outcome(rawValue: Int32(try r.u8())) else { throw .badValue("outcome") }
             reply = .result(outcome, message: try r.text(), details: try r.text())

@@ -1,5 +1,6 @@
 import BoxkeyCore
 import BoxkeyRadio
+import NIOConcurrencyHelpers
 
 /// What a login achieved, for the person and for the bench.
 public struct LoginReport: Sendable, Codable {
@@ -22,8 +23,12 @@ extension Phone {
     ///
     /// `offerFirst` (proximity): offer the login and push only once the person pressed Enter at
     /// the box's prompt, within `intentWait`.
+    ///
+    /// `withdrawal`: asked (Ctrl-C, `agent forget`, `lock`) while the push waits for Enter, the
+    /// phone takes it back (`withdraw`) and the box answers `withdrawn`.
     public mutating func login(to id: BoxID, user: String, password: SecureBytes, radio: any CentralRadio,
                                offerFirst: Bool = false, intentWait: Duration = .seconds(130),
+                               withdrawal: Withdrawal? = nil,
                                progress: (@Sendable (Duration) -> Void)? = nil,
                                awaitingEnter: (@Sendable (EnterWait) -> Void)? = nil) async throws(PhoneFailure) -> (LoginReport, BoxLink) {
         let clock = MonotonicClock()
@@ -57,14 +62,34 @@ extension Phone {
         }
         var answer: PhoneConnection.Event
         do {
+            guard withdrawal?.pushing() ?? true else {
+                await link.close()
+                throw PhoneFailure(.cancelled, tr("Cancelled before anything was sent to box {box}.", ("box", id)))
+            }
             try await link.send(.credentialPush(CredentialPush(user: user, password: password, deviceName: deviceName)))
-            answer = try await link.next(timeout: .seconds(90))
             // The program's password prompt is on the box's screen: the push waits there for
             // Enter, at most the seconds the box says (then its answer comes).
-            while case .awaitingEnter(let wait) = answer {
+            var deadline = clock.now + .seconds(90)
+            var withdrawn = false
+            while true {
+                if !withdrawn, withdrawal?.isAsked == true {
+                    try await link.send(.withdraw)
+                    withdrawn = true
+                    deadline = min(deadline, clock.now + .seconds(10))
+                }
+                do {
+                    // Short reads while a withdrawal may come; one long read otherwise.
+                    answer = try await link.next(timeout: withdrawal == nil || withdrawn ? deadline - clock.now : min(.milliseconds(100), deadline - clock.now))
+                } catch BoxLink.Failure.timedOut(let what) {
+                    guard clock.now < deadline else { throw BoxLink.Failure.timedOut(what) }
+                    continue
+                }
+                guard case .awaitingEnter(let wait) = answer else { break }
                 awaitingEnter?(wait)
-                answer = try await link.next(timeout: .seconds(Int64(wait.seconds) + 90))
+                deadline = clock.now + .seconds(Int64(wait.seconds) + 90)
             }
+        } catch let f as PhoneFailure {
+            throw f
         } catch {
             await link.close()
             throw failure(error, box: id)
@@ -90,6 +115,9 @@ extension Phone {
             case .escrow: tr("This phone holds an escrow secret, no password: if box {box} has no sealed copy of your password for it, type the password there once with this phone near.", ("box", id))
             }
             throw PhoneFailure(.rejected, tr("box {box} rejected the login for {user}: {reason}.", ("box", id), ("user", user), ("reason", result.reason)) + " " + advice)
+        case .withdrawn:
+            await link.close()
+            throw PhoneFailure(.cancelled, tr("Withdrawn: box {box} dropped the push before Enter was pressed there; nothing reached its prompt.", ("box", id)))
         case .notAtPrompt, .wrongUser, .ambiguousPrompt:
             await link.close()
             throw PhoneFailure(.notAtPrompt, result.reason.isEmpty ? tr("box {box} is not at a login prompt", ("box", id)) : Self.saying(result.reason, box: id))
@@ -161,5 +189,35 @@ extension LoginReport {
     public var airSentence: String? {
         guard let airEvents, let airBytes, let airPackets else { return nil }
         return "Air: \(airEvents) connection events from connect to the answer, \(airPackets) link-layer packets, \(airBytes) ATT value bytes both ways."
+    }
+}
+
+/// A push the person may take back while it waits for Enter at the box (Ctrl-C in `boxkey
+/// login`, `agent forget`, `boxkey lock`, the agent's client gone). Whoever sees the person ask
+/// calls `ask`; the login sends `withdraw` at its next read.
+public final class Withdrawal: Sendable {
+    private let state = NIOLockedValueBox<(asked: Bool, pushed: Bool)>((false, false))
+
+    public init() {}
+
+    /// Asks for the push back; false when none has been sent yet (nothing to take back: the
+    /// caller may just stop, and the push never goes).
+    @discardableResult
+    public func ask() -> Bool {
+        state.withLockedValue { s in
+            s.asked = true
+            return s.pushed
+        }
+    }
+
+    public var isAsked: Bool { state.withLockedValue { $0.asked } }
+
+    /// The push is about to go: false if the person already asked to stop.
+    func pushing() -> Bool {
+        state.withLockedValue { s in
+            guard !s.asked else { return false }
+            s.pushed = true
+            return true
+        }
     }
 }

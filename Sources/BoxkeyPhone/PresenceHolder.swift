@@ -27,7 +27,7 @@ public final class PresenceHolder: Sendable {
         let socket = try await UserSocket.bind(dirs.presenceSocket(presence.box), log: { _ in })
         let serving = Task<Void, Never> {
             do {
-                try await socket.serve { request, reply in
+                try await socket.serve { request, _, reply in
                     await handle(request, presence: presence, say: say, reply: reply)
                 }
             } catch {}

@@ -169,3 +169,15 @@ public final class PresenceLink: Sendable {
         for (_, done) in pending { done(nil) }
     }
 }
+
+extension PresenceLink.Ending: CustomStringConvertible {
+    /// In words, for the agent's log.
+    public var description: String {
+        switch self {
+        case .left(let detached): detached ? "handed over, or left without a walk-away" : "left (walking away)"
+        case .acted: "the session was locked or ended on it"
+        case .sessionGone: "the box has no session for this phone any more"
+        case .failed(let why): "failed: \(why)"
+        }
+    }
+}

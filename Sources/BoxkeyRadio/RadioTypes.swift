@@ -168,3 +168,33 @@ public enum ATTLimits {
     /// BlueZ silently cuts a longer value.
     public static func notificationValue(mtu: Int) -> Int { min(mtu - 5, maximumValue) }
 }
+
+extension DisconnectReason: CustomStringConvertible {
+    /// In words, for the journal (the phone says its own, translated: `sentence`).
+    public var description: String {
+        switch self {
+        case .localHost: "closed on this side"
+        case .remoteUser: "the other side ended it"
+        case .supervisionTimeout: "nothing heard: out of range, or gone"
+        case .radioOff: "the adapter was switched off or restarted"
+        }
+    }
+}
+
+extension RadioError: CustomStringConvertible {
+    public var description: String {
+        switch self {
+        case .unavailable(let why): why
+        case .deviceNotFound(let address): "no device \(address) nearby"
+        case .connectionFailed(let why): "the connection failed: \(why)"
+        case .timedOut: "timed out"
+        case .notConnected: "not connected"
+        case .disconnected(let reason): "disconnected (\(reason))"
+        case .serviceNotFound(let uuid): "the device has no service \(uuid)"
+        case .characteristicNotFound(let uuid): "the device has no characteristic \(uuid)"
+        case .notPermitted(let what): "not permitted: \(what)"
+        case .invalidLength(let length, let limit): "\(length) bytes do not fit (at most \(limit))"
+        case .stack(let name, let message): message.isEmpty ? name : "\(message) (\(name))"
+        }
+    }
+}

@@ -4,6 +4,7 @@ import BoxkeyPhone
 import Dispatch
 import FoundationEssentials
 import Glibc
+import NIOConcurrencyHelpers
 
 extension Boxkey {
     struct Login: AsyncParsableCommand {
@@ -40,15 +41,27 @@ extension Boxkey {
                 let phoneRadio = try await radio.open(phone)
                 defer { phoneRadio.shutdown() }
                 var result: (LoginReport, BoxLink)?
+                let withdrawal = Withdrawal()
                 do {
                     // The PIN and the password live only until the push: the presence link
                     // below may run for hours and needs neither.
                     let pin = vault.hasPIN ? try Terminal.readPIN() : nil
                     let (user, password): (String, SecureBytes)
                     do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
+                    // Ctrl-C while the push waits for Enter takes it back (the box answers
+                    // "withdrawn"); before the push, or a second time, it just stops.
+                    let interrupt = Terminal.onSignals([SIGINT, SIGTERM]) {
+                        if withdrawal.isAsked || !withdrawal.ask() { Terminal.clearProgress(); Glibc.exit(130) }
+                        Terminal.say(tr("Taking the push back from box {box}…", ("box", boxID)))
+                    }
+                    defer {
+                        interrupt.forEach { $0.cancel() }
+                        signal(SIGINT, SIG_DFL)
+                        signal(SIGTERM, SIG_DFL)
+                    }
                     while result == nil {
                         do {
-                            result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central,
+                            result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central, withdrawal: withdrawal,
                                                            progress: { Terminal.progress(tr("looking for box {box}… {seconds} s", ("box", boxID), ("seconds", $0.components.seconds))) },
                                                            awaitingEnter: { Terminal.say($0.sentence(box: boxID)) })
                         } catch let f as PhoneFailure where f.outcome == .notFound && Terminal.offerToSearchAgain(boxID) {
@@ -57,6 +70,16 @@ extension Boxkey {
                     }
                 }
                 let (report, link) = result!
+                if withdrawal.isAsked {
+                    // Enter at the box came first: logged in, and Ctrl-C means leaving, which
+                    // is walking away (the link goes without a detach).
+                    Terminal.clearProgress()
+                    Terminal.say(report.sentence)
+                    Terminal.say(tr("Too late to take the push back: Enter was already pressed at box {box}.", ("box", boxID)))
+                    await link.close()
+                    Terminal.say(tr("Left box {box}: that is walking away, so the box locks your session (or ends it, as its admin set it) unless this phone is back within its grace time ([presence] grace_s, 5 s unless set otherwise).", ("box", boxID)))
+                    return
+                }
                 Self.retireLostHolder(phone, boxID)
                 Terminal.clearProgress()
                 Terminal.say(report.sentence)
@@ -114,7 +137,24 @@ extension Boxkey {
         private func loginThroughAgent(_ phone: Phone, _ boxID: BoxID) throws {
             while true {
                 guard let agent = AgentClient(phone.dirs) else { throw PhoneFailure(.agentUnavailable, tr("the agent went away")) }
-                let reply = try agent.send(.login(box: boxID, stay: !noStay), progress: Terminal.progress)
+                // Ctrl-C while the agent's push waits for Enter takes it back: the agent reads
+                // this side's end and answers "withdrawn". A second Ctrl-C just stops.
+                let asked = NIOLockedValueBox(false)
+                let interrupt = Terminal.onSignals([SIGINT, SIGTERM]) {
+                    let again = asked.withLockedValue { seen in
+                        defer { seen = true }
+                        return seen
+                    }
+                    if again { Terminal.clearProgress(); Glibc.exit(130) }
+                    agent.stopAsking()
+                }
+                defer {
+                    interrupt.forEach { $0.cancel() }
+                    signal(SIGINT, SIG_DFL)
+                    signal(SIGTERM, SIG_DFL)
+                }
+                let reply = try agent.send(.login(box: boxID, stay: !noStay), progress: Terminal.progress,
+                                           say: { Terminal.clearProgress(); Terminal.say($0) })
                 switch reply {
                 case .needPIN:
                     let pin = try Terminal.readPIN()
@@ -133,7 +173,7 @@ extension Boxkey {
                     guard Terminal.offerToSearchAgain(boxID) else { throw PhoneFailure(.notFound, message) }
                 case .result(let outcome, let message, _):
                     throw PhoneFailure(outcome, message)
-                case .progress:
+                case .progress, .say:
                     continue
                 }
             }

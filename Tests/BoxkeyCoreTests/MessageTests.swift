@@ -39,7 +39,7 @@ import Testing
         .loginResult(LoginResult(.accepted)),
         .loginResult(LoginResult(.rejected, reason: "Authentication failure")),
         .loginResult(LoginResult(.notAtPrompt, reason: "box is not at a login prompt")),
-        .lock, .logout, .attach, .keepalive, .detach,
+        .lock, .logout, .attach, .keepalive, .detach, .withdraw, .pair, .intent,
         .actionResult(ActionResult(action: .lock, outcome: .done)),
         .actionResult(ActionResult(action: .attach, outcome: .noSession)),
         .error(ChannelError(.unexpectedMessage, detail: "no")),

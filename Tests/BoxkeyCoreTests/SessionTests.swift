@@ -53,6 +53,13 @@ import Testing
         #expect(PhoneSessionState.awaitingActionResult(.lock).next(onBox: .actionResult(ActionResult(action: .logout, outcome: .done))) == nil)
         #expect(PhoneSessionState.present.next(onBox: .lock) == nil)
         #expect(PhoneSessionState.present.next(onSend: .lock) == .awaitingActionResult(.lock, guarding: true))
+        // Ctrl-C: a push waiting for Enter is taken back; the box answers with the login's result.
+        #expect(PhoneSessionState.awaitingLoginResult.next(onSend: .withdraw) == .awaitingLoginResult)
+        #expect(PhoneSessionState.present.next(onSend: .withdraw) == nil)
+        #expect(PhoneSessionState.awaitingLoginResult.next(onBox: .loginResult(LoginResult(.withdrawn))) == .closed)
+        #expect(BoxSessionState.verifying.next(onPhone: .withdraw) == .verifying)
+        #expect(BoxSessionState.awaitingCommand.next(onPhone: .withdraw) == nil)
+        #expect(BoxSessionState.present.next(onPhone: .withdraw) == nil)
         #expect(PhoneSessionState.awaitingActionResult(.lock, guarding: true).next(onBox: .actionResult(ActionResult(action: .lock, outcome: .notLockable))) == .present)
         #expect(PhoneSessionState.awaitingActionResult(.lock).next(onBox: .actionResult(ActionResult(action: .lock, outcome: .notLockable))) == .closed)
     }

@@ -72,6 +72,25 @@ def test_wrong_password_rejected_then_reentered(world):
     assert r.returncode == 0 and code == 0
 
 
+@pytest.mark.both_radios
+def test_ctrl_c_in_boxkey_login_takes_the_push_back_at_once(world):
+    """Ctrl-C while the push waits for Enter: the phone sends `withdraw`, the box drops the push
+    and answers "withdrawn" (exit 16), and Enter at once afterwards logs in no one."""
+    world.start_box()
+    world.pair_and_store()
+    prompt = world.greeter(stdin=None)
+    phone = world.phone_background("login", "--no-agent")
+    wait_for(lambda: "Press Enter" in open(phone.log).read(), timeout=20, what="the push waiting for Enter")
+    phone.send_signal(signal.SIGINT)
+    assert phone.wait(10) == 16, open(phone.log).read()
+    assert "Withdrawn: box 4821 dropped the push" in open(phone.log).read()
+    assert "the phone withdrew it before Enter was pressed at the box" in world.box_output()
+    prompt.type("\n")  # at once: the push is gone, not merely on its way out
+    wait_for(lambda: "No phone has pushed" in prompt.text(), what="the answer to Enter")
+    prompt.kill()
+    assert "login accepted" not in world.box_output()
+
+
 def test_push_without_prompt_is_not_replayed(world):
     world.start_box()
     world.pair_and_store()

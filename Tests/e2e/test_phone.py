@@ -562,6 +562,32 @@ def test_agent_forget_makes_the_next_login_ask_the_pin(world, agents):
     assert vault_report(world)["failures"] == 0
 
 
+@pytest.mark.parametrize("how", ["ctrl-c", "forget", "lock"])
+def test_the_agents_push_is_taken_back_at_once(world, agents, how):
+    """The agent's push waits for Enter: Ctrl-C in `boxkey login` (the client goes away),
+    `agent forget` or `boxkey lock` takes it back at once; Enter right after logs in no one."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    prompt = world.greeter(stdin=None)
+    client = world.phone_background("login")
+    wait_for(lambda: "Press Enter" in open(client.log).read(), timeout=20, what="the push waiting for Enter")
+    if how == "ctrl-c":
+        client.send_signal(signal.SIGINT)
+        assert client.wait(10) == 16, open(client.log).read()
+        assert "Withdrawn: box 4821 dropped the push" in open(client.log).read()
+    elif how == "forget":
+        assert world.phone("agent", "forget").returncode == 0
+    else:
+        world.phone("lock")
+    wait_for(lambda: "the phone withdrew it before Enter was pressed at the box" in world.box_output(), timeout=5, what="the withdrawal")
+    prompt.type("\n")
+    wait_for(lambda: "No phone has pushed" in prompt.text(), what="the answer to Enter")
+    prompt.kill()
+    assert "login accepted" not in world.box_output()
+    if how != "ctrl-c":
+        assert client.wait(10) == 16 and "Withdrawn" in open(client.log).read(), open(client.log).read()
+
+
 def test_lock_through_the_agent_drops_the_credentials(world, agents):
     with_pin(world)
     assert agents.start(stdin=PIN + "\n").returncode == 0

@@ -19,6 +19,7 @@ public enum AppMessage: Sendable {
     case offer(ProximityOffer)            // phone -> box: near, and ready to log `user` in once the person says so
     case intent                           // box -> phone: the person asked at the box (Enter): push now
     case awaitingEnter(EnterWait)         // box -> phone: the push waits at a prompt for Enter there
+    case withdraw                         // phone -> box: take my push back (not used until Enter)
 
     public enum MessageType: UInt8, Sendable, CaseIterable {
         case credentialPush = 0x01
@@ -34,6 +35,7 @@ public enum AppMessage: Sendable {
         case offer = 0x0b
         case intent = 0x0c
         case awaitingEnter = 0x0d
+        case withdraw = 0x0e
     }
 
     public enum DecodeError: Error, Equatable, Sendable {
@@ -62,6 +64,7 @@ public enum AppMessage: Sendable {
         case .offer: .offer
         case .intent: .intent
         case .awaitingEnter: .awaitingEnter
+        case .withdraw: .withdraw
         }
     }
 
@@ -100,7 +103,7 @@ public enum AppMessage: Sendable {
         case .awaitingEnter(let wait):
             writer.u8(UInt8(wait.seconds >> 8)); writer.u8(UInt8(wait.seconds & 0xff))
             writer.shortText(wait.place)
-        case .lock, .logout, .attach, .keepalive, .detach, .pair, .intent:
+        case .lock, .logout, .attach, .keepalive, .detach, .pair, .intent, .withdraw:
             break
         }
         return SecureBytes(copying: writer.bytes)
@@ -155,6 +158,7 @@ public enum AppMessage: Sendable {
         case .detach: message = .detach
         case .pair: message = .pair
         case .intent: message = .intent
+        case .withdraw: message = .withdraw
         case .offer:
             let user = try reader.shortText(field: "user", limit: CredentialPush.maxUserLength)
             guard !user.isEmpty else { throw .fieldEmpty(field: "user") }
@@ -290,6 +294,9 @@ public struct LoginResult: Equatable, Sendable {
         /// More than one prompt could take the push; the box does not guess (the reason
         /// names them).
         case ambiguousPrompt = 5
+        /// The phone took its push back (`withdraw`) before Enter was pressed: nothing of it
+        /// reached the prompt. (Version 5.)
+        case withdrawn = 6
     }
 
     public var outcome: Outcome
@@ -354,8 +361,21 @@ extension AppMessage: Equatable {
         case let (.actionResult(x), .actionResult(y)): return x == y
         case let (.awaitingEnter(x), .awaitingEnter(y)): return x == y
         case let (.error(x), .error(y)): return x == y
-        case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive), (.detach, .detach): return true
+        case let (.offer(x), .offer(y)): return x == y
+        case (.lock, .lock), (.logout, .logout), (.attach, .attach), (.keepalive, .keepalive), (.detach, .detach),
+             (.pair, .pair), (.intent, .intent), (.withdraw, .withdraw): return true
         default: return false
+        }
+    }
+}
+
+extension ChannelError.Code: CustomStringConvertible {
+    public var description: String {
+        switch self {
+        case .unexpectedMessage: "a message out of turn"
+        case .malformed: "a message that did not decode"
+        case .rateLimited: "too many rejected pushes"
+        case .internalError: "an error inside the box"
         }
     }
 }

@@ -165,3 +165,23 @@ public struct Refusal: Equatable, Sendable, Error {
         return Refusal(Code(rawValue: bytes[0]) ?? .unknown, versions: bytes[1]...bytes[2])
     }
 }
+
+extension Refusal.Code: CustomStringConvertible {
+    /// In words, for the journal and the phone's fallback text.
+    public var description: String {
+        switch self {
+        case .unsupportedVersion: "another protocol version"
+        case .staleAdvertisement: "an advertisement that is no longer current"
+        case .handshakeFailed: "a handshake that did not decrypt (a key the box does not hold)"
+        case .replayedHandshake: "a replayed handshake"
+        case .rateLimited: "too many failures, wait"
+        case .busy: "the box is full"
+        case .phoneRevoked: "a revoked phone"
+        case .malformed: "a malformed message"
+        case .timedOut: "too slow"
+        case .notEnrolled: "a phone not enrolled here"
+        case .noPairingCode: "no pairing code live"
+        case .unknown: "a refusal this build does not know"
+        }
+    }
+}

@@ -22,6 +22,9 @@ public struct BoxConnection {
         case pairingAttempt(PublicKey)
         /// A sealed keepalive arrived (answered in `replies`): the phone is present.
         case keepalive
+        /// The phone takes its push back: drop it if it still waits for Enter (`finishLogin`
+        /// with `withdrawn`), else let the verdict answer.
+        case withdraw
     }
 
     /// Which handshake a phone started: a login (enrolled keys only) or a pairing (any key,
@@ -281,6 +284,7 @@ public struct BoxConnection {
         case .pair: deadline = nil; out.request = .action(.pair)
         case .offer(let offer): deadline = nil; out.request = .offer(offer)
         case .keepalive: out.replies = seal(.keepalive); out.request = .keepalive
+        case .withdraw: out.request = .withdraw
         case .error(let e): close(); out.request = .close(reason: .peerError(e))
         case .detach: close(); out.request = .close(reason: .detached)
         case .loginResult, .actionResult, .intent, .awaitingEnter: break   // excluded by the state table

@@ -7,6 +7,7 @@
 ///     awaitingHandshake --pairing msg 1 ok--> awaitingPairConfirm --pair--> acting(pair) --any--> closed
 ///     awaitingCommand --credentialPush--> verifying --accepted--> present
 ///                                                   --otherwise--> closed
+///     verifying --withdraw--> verifying (answered: withdrawn, or the verdict if Enter came first)
 ///     awaitingCommand --offer--> offering --intent (box)--> awaitingCommand (then the push)
 ///                                         --loginResult (box refuses)--> closed
 ///     awaitingCommand --lock | logout | attach--> acting(action)
@@ -42,6 +43,9 @@ public enum BoxSessionState: Equatable, Sendable {
         case (.present, .lock): return .acting(.lock, guarding: true)
         case (.present, .logout): return .acting(.logout, guarding: true)
         case (.awaitingCommand, .credentialPush): return .verifying
+        // The box answers with the login's result: `withdrawn` if the push still waited for
+        // Enter, else the stack's verdict (Enter came first).
+        case (.verifying, .withdraw): return .verifying
         case (.awaitingCommand, .offer): return .offering
         case (.awaitingCommand, .lock): return .acting(.lock)
         case (.awaitingCommand, .logout): return .acting(.logout)
@@ -79,6 +83,7 @@ public enum BoxSessionState: Equatable, Sendable {
 ///     ready --credentialPush--> awaitingLoginResult --accepted--> present
 ///                                                    --otherwise--> closed
 ///     awaitingLoginResult --awaitingEnter--> awaitingLoginResult (the push waits for Enter)
+///     awaitingLoginResult --withdraw--> awaitingLoginResult (Ctrl-C: take the push back)
 ///     ready --offer--> awaitingIntent --intent--> ready (then the push)
 ///                                     --loginResult (refused)--> closed
 ///     ready --lock | logout | attach--> awaitingActionResult(action)
@@ -105,6 +110,7 @@ public enum PhoneSessionState: Equatable, Sendable {
     public func next(onSend message: AppMessage.MessageType) -> PhoneSessionState? {
         switch (self, message) {
         case (.ready, .credentialPush): return .awaitingLoginResult
+        case (.awaitingLoginResult, .withdraw): return .awaitingLoginResult
         case (.ready, .offer): return .awaitingIntent
         case (.ready, .lock): return .awaitingActionResult(.lock)
         case (.ready, .logout): return .awaitingActionResult(.logout)

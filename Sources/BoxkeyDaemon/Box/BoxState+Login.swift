@@ -177,6 +177,17 @@ extension BoxState {
         readvertise()
     }
 
+    /// The phone took its push back (Ctrl-C in `boxkey login`, `agent forget`, `boxkey lock`,
+    /// the agent's client gone): dropped at once if it still waits for Enter, and the phone
+    /// hears `withdrawn`. Once Enter took it, the stack's verdict answers as usual.
+    mutating func withdrawPush(on id: CentralID, now: Duration) {
+        guard let promptID = links[id]?.prompt, prompts[promptID]?.held != nil, prompts[promptID]?.verifying?.link == id else {
+            log(.info, "\(id.address) asked to withdraw its push, which Enter had already taken (or none was held)")
+            return
+        }
+        dropHeld(promptID, .withdrawn, "the phone withdrew it before Enter was pressed at the box", now: now)
+    }
+
     // MARK: - Proximity
 
     /// An enrolled phone is near and offers to log `offer.user` in: the one prompt that may take

@@ -190,6 +190,8 @@ extension BoxState {
             startLogin(push, from: id, now: now)
         case .offer(let offer)?:
             startOffer(offer, from: id, now: now)
+        case .withdraw?:
+            withdrawPush(on: id, now: now)
         case .action(.pair)?:
             completePairing(on: id, now: now)
         case .action(let action)?:
