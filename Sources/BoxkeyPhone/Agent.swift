@@ -215,6 +215,11 @@ public actor Agent {
         }
         let id = try phone.boxID(box)
         try phone.checkReachable(id)
+        // Logged in there already: a second link from this phone would push the presence link
+        // aside (the box takes one link per phone for its session).
+        if let presence, presence.box == id, presence.isConnected {
+            throw PhoneFailure(.failure, tr("you are logged in on box {box}: the agent (pid {pid}) holds its presence link. Use `boxkey lock` or `boxkey logout` first.", ("box", id), ("pid", getpid())))
+        }
         loginsInProgress += 1
         pushesInFlight[ObjectIdentifier(withdrawal)] = withdrawal
         defer {

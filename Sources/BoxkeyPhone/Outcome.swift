@@ -1,3 +1,4 @@
+import BoxkeyCore
 /// Every way a phone command can end, one exit code each, so scripts can act on them. The
 /// agent sends these across its socket; `boxkey` exits with them. The table is in `boxkey
 /// --help` and boxkey(1); change both together.
@@ -46,7 +47,7 @@ public enum Outcome: Int32, Sendable, CaseIterable, Codable {
         case .cancelled: "cancelled: a question declined, or nothing entered (no attempt)"
         case .timedOut: "the box did not answer in time"
         case .agentUnavailable: "no agent running"
-        case .notLockable: "the box cannot lock the session (nothing on it follows logind's Lock, as on a text console): it is still open"
+        case .notLockable: "the box cannot lock the session (a text console): it is still open"
         case .usage: "bad arguments"
         }
     }
@@ -56,9 +57,12 @@ public enum Outcome: Int32, Sendable, CaseIterable, Codable {
 public struct PhoneFailure: Error, CustomStringConvertible, Sendable {
     public let outcome: Outcome
     public let message: String
-    public init(_ outcome: Outcome, _ message: String) {
+    /// The box's refusal, when it refused the link.
+    public let refusal: Refusal.Code?
+    public init(_ outcome: Outcome, _ message: String, refusal: Refusal.Code? = nil) {
         self.outcome = outcome
         self.message = message
+        self.refusal = refusal
     }
     public var description: String { message }
 }

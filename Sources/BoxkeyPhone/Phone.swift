@@ -100,7 +100,7 @@ public struct Phone: Sendable {
         guard let f = error as? BoxLink.Failure else { return PhoneFailure(.failure, "box \(id): \(error)") }
         switch f {
         case .keyChanged: return keyChanged(id)
-        case .refused(let r): return PhoneFailure(.refused, refusalText(r, box: id))
+        case .refused(let r): return PhoneFailure(.refused, refusalText(r, box: id), refusal: r.code)
         case .radio(let s): return PhoneFailure(.radioUnavailable, tr("cannot connect to box {box}: {why}", ("box", id), ("why", s)))
         case .pairingFailed: return PhoneFailure(.pairingFailed, tr("pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box {box} and try again: a code takes 3 tries unless the box is set otherwise, then the box shows a new one.", ("box", id)))
         case .timedOut: return PhoneFailure(.timedOut, "box \(id): \(f)")

@@ -17,6 +17,9 @@ public final class PresenceLink: Sendable {
         case sessionGone
         /// The channel failed in a way re-attaching cannot mend.
         case failed(String)
+        /// The box no longer takes this phone (revoked, or no longer enrolled): said once, and
+        /// the link is not looked for again.
+        case removed(String)
     }
 
     public let box: BoxID
@@ -130,6 +133,9 @@ public final class PresenceLink: Sendable {
                 case .left(let detached):
                     failPending()
                     return .left(detached: detached)
+                case .removed(let why):
+                    failPending()
+                    return .removed(why)
                 }
             } catch {
                 await link.close()
@@ -139,18 +145,29 @@ public final class PresenceLink: Sendable {
         }
     }
 
-    private enum Reattach { case back(BoxLink), gone, left(detached: Bool) }
+    private enum Reattach { case back(BoxLink), gone, left(detached: Bool), removed(String) }
 
     /// Finds the box again and asks to be its presence link again (`attach`).
     private func reattach() async -> Reattach {
         let central = radio.centralForReattach()
         var phone = phone
+        var backOff = BackOff()
         while true {
             radio.followMoves(log: log)
             if let detach = state.withLockedValue({ $0.leave }) { return .left(detached: detach) }
             // No link to act on while looking for the box: whoever asked uses a new one.
             failPending()
-            guard let link = try? await phone.connect(to: box, radio: central, searchTime: .seconds(1)) else { continue }
+            let link: BoxLink
+            do { link = try await phone.connect(to: box, radio: central, searchTime: .seconds(1)) } catch {
+                if error.refusal == .phoneRevoked || error.refusal == .notEnrolled {
+                    return .removed(tr("Box {box} no longer takes this phone ({why}): the presence link ends here. Log in there with your password; to use this phone again, pair it at the box.", ("box", box), ("why", error.message)))
+                }
+                // Not found: the search itself took its second. Anything else (a refusal, a
+                // failed connection) waits longer each time, up to 5 s, rather than knocking
+                // several times a second.
+                if error.outcome != .notFound { await backOff.wait() }
+                continue
+            }
             do {
                 try await link.send(.attach)
                 if case .actionResult(let r) = try await link.next(timeout: .seconds(10)) {
@@ -160,6 +177,7 @@ public final class PresenceLink: Sendable {
                 }
             } catch {}
             await link.close()
+            await backOff.wait()
         }
     }
 
@@ -178,6 +196,16 @@ extension PresenceLink.Ending: CustomStringConvertible {
         case .acted: "the session was locked or ended on it"
         case .sessionGone: "the box has no session for this phone any more"
         case .failed(let why): "failed: \(why)"
+        case .removed(let why): "the box no longer takes this phone: \(why)"
         }
+    }
+}
+
+/// Waits that grow: 250 ms, doubling, up to 5 s.
+struct BackOff {
+    private var next: Duration = .milliseconds(250)
+    mutating func wait() async {
+        try? await MonotonicClock().sleep(for: next)
+        next = min(next * 2, .seconds(5))
     }
 }

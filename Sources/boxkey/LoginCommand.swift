@@ -50,15 +50,11 @@ extension Boxkey {
                     do { (user, password) = try vault.credentials(pin: pin, now: vaultNow()) } catch let f as Vault.Failure { throw f.asPhoneFailure }
                     // Ctrl-C while the push waits for Enter takes it back (the box answers
                     // "withdrawn"); before the push, or a second time, it just stops.
-                    let interrupt = Terminal.onSignals([SIGINT, SIGTERM]) {
-                        if withdrawal.isAsked || !withdrawal.ask() { Terminal.clearProgress(); Glibc.exit(130) }
+                    Terminal.onInterrupt { sig in
+                        if withdrawal.isAsked || !withdrawal.ask() { Terminal.clearProgress(); Glibc.exit(128 + sig) }
                         Terminal.say(tr("Taking the push back from box {box}…", ("box", boxID)))
                     }
-                    defer {
-                        interrupt.forEach { $0.cancel() }
-                        signal(SIGINT, SIG_DFL)
-                        signal(SIGTERM, SIG_DFL)
-                    }
+                    defer { Terminal.onInterrupt(nil) }
                     while result == nil {
                         do {
                             result = try await phone.login(to: boxID, user: user, password: password, radio: phoneRadio.central, withdrawal: withdrawal,
@@ -94,7 +90,7 @@ extension Boxkey {
                 let presence = PresenceLink(box: boxID, link: link, phone: phone, radio: phoneRadio,
                                             keepalive: .milliseconds(Int(keepalive * 1000)), log: { Terminal.say($0) })
                 // Ctrl-C: leaving is walking away, so the box acts by its policy.
-                let signals = Terminal.onSignals([SIGINT, SIGTERM]) { presence.leave(detach: false) }
+                Terminal.onInterrupt { _ in presence.leave(detach: false) }
                 // `boxkey lock`, `logout` and `status` from other shells come through this process.
                 let holder: PresenceHolder?
                 do { holder = try await PresenceHolder.start(presence, dirs: phone.dirs, say: { Terminal.say($0) }) } catch {
@@ -105,7 +101,8 @@ extension Boxkey {
                 // A lock or logout asked from another shell ended the link: its answer is out
                 // before this process ends.
                 await holder?.finish()
-                signals.forEach { $0.cancel() }
+                Terminal.onInterrupt(nil)
+                if case .removed(let why) = ending { throw PhoneFailure(.refused, why) }
                 if ending == .left(detached: false) {
                     Terminal.say(tr("Left box {box}: that is walking away, so the box locks your session (or ends it, as its admin set it) unless this phone is back within its grace time ([presence] grace_s, 5 s unless set otherwise).", ("box", boxID)))
                 }
@@ -140,19 +137,15 @@ extension Boxkey {
                 // Ctrl-C while the agent's push waits for Enter takes it back: the agent reads
                 // this side's end and answers "withdrawn". A second Ctrl-C just stops.
                 let asked = NIOLockedValueBox(false)
-                let interrupt = Terminal.onSignals([SIGINT, SIGTERM]) {
+                Terminal.onInterrupt { sig in
                     let again = asked.withLockedValue { seen in
                         defer { seen = true }
                         return seen
                     }
-                    if again { Terminal.clearProgress(); Glibc.exit(130) }
+                    if again { Terminal.clearProgress(); Glibc.exit(128 + sig) }
                     agent.stopAsking()
                 }
-                defer {
-                    interrupt.forEach { $0.cancel() }
-                    signal(SIGINT, SIG_DFL)
-                    signal(SIGTERM, SIG_DFL)
-                }
+                defer { Terminal.onInterrupt(nil) }
                 let reply = try agent.send(.login(box: boxID, stay: !noStay), progress: Terminal.progress,
                                            say: { Terminal.clearProgress(); Terminal.say($0) })
                 switch reply {

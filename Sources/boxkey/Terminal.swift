@@ -55,6 +55,31 @@ enum Terminal {
 
     /// Runs `handler` on each of `signals` instead of their default action (Ctrl-C, SIGTERM),
     /// until the returned sources are cancelled.
+    /// What Ctrl-C (and SIGTERM) does now in `boxkey login`, which changes as the login goes
+    /// on (stop the search, take the push back, leave the presence link): one set of signal
+    /// sources for the whole process, and a handler that is replaced. (A second dispatch source
+    /// for a signal after the first was cancelled never fired on Linux: the `SIG_IGN` set for
+    /// it replaced libdispatch's own handler.) nil: end the process, as the signal would.
+    static func onInterrupt(_ handler: (@Sendable (Int32) -> Void)?) {
+        _ = interruptSources
+        interruptHandler.withLock { $0 = handler }
+    }
+
+    private static let interruptHandler = Mutex<(@Sendable (Int32) -> Void)?>(nil)
+    private nonisolated(unsafe) static let interruptSources: [any DispatchSourceSignal] = [SIGINT, SIGTERM].map { sig in
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig)
+        source.setEventHandler {
+            guard let handler = interruptHandler.withLock({ $0 }) else {
+                clearProgress()
+                Glibc.exit(128 + sig)
+            }
+            handler(sig)
+        }
+        source.resume()
+        return source
+    }
+
     static func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
         signals.map { sig in
             signal(sig, SIG_IGN)

@@ -210,7 +210,7 @@ def test_a_revoked_phone_does_not_get_its_presence_link_back(world, directory):
     after = world.box_output()[mark:]
     assert "presence link back" not in after, after[-1500:]
     assert "Staying connected" not in open(phone.log).read().split(" lost at ")[-1], open(phone.log).read()
-    print("after the revocation:", after.count("notEnrolled"), "reconnects refused notEnrolled;", open(phone.log).read()[-300:])
+    print("after the revocation:", after.count("not enrolled here"), "reconnects refused (not enrolled);", open(phone.log).read()[-300:])
 
 
 # ---- 5. floods --------------------------------------------------------------------------------------

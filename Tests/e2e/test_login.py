@@ -362,6 +362,26 @@ def test_revoked_phone_is_refused(world):
     assert "REVOKED" in world.admin("phones", "list").stdout
 
 
+@pytest.mark.both_radios
+def test_a_phone_revoked_while_its_presence_link_is_up_is_told_once_and_stops(world):
+    """Before: it said "looking for the box…" and knocked 4.6 times a second until Ctrl-C, and
+    the box logged each refusal. Now the phone says it was removed and exits 9 (refused); the
+    box says the refusal once."""
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.staying_login()
+    assert world.finish(greeter)[0] == 0
+    fingerprint = re.search(r"([0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4}-[0-9A-F]{4})", world.admin("phones", "list").stdout).group(1)
+    assert world.admin("phones", "revoke", "--yes", fingerprint[:9]).returncode == 0
+    assert holder.wait(30) == 9, open(holder.log).read()
+    said = open(holder.log).read()
+    assert "Box 4821 no longer takes this phone" in said and "revoked" in said, said
+    time.sleep(2)
+    refused = [l for l in world.box_output().splitlines() if "refused" in l and "a revoked phone" in l and " notice " in l]
+    assert len(refused) == 1, refused
+
+
 def test_rejections_are_rate_limited(world):
     world.config_extra = "[limits]\nrejected_pushes_per_phone = 2\n"
     world.start_box()

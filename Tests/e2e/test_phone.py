@@ -588,6 +588,24 @@ def test_the_agents_push_is_taken_back_at_once(world, agents, how):
         assert client.wait(10) == 16 and "Withdrawn" in open(client.log).read(), open(client.log).read()
 
 
+def test_a_second_login_while_the_agent_holds_the_presence_link_is_refused(world, agents):
+    """Before: the second login went through the agent, which connected again and knocked its
+    own presence link down twice, then failed "(remoteUser)". Now it is refused before any
+    radio work, and the agent's link keeps guarding."""
+    with_pin(world)
+    assert agents.start(stdin=PIN + "\n").returncode == 0
+    greeter = world.greeter("authenticate", "open_session")
+    assert world.phone("login").returncode == 0
+    assert world.finish(greeter)[0] == 0
+    wait_for(lambda: (agents.status().get("presence") or {}).get("connected"), what="the agent's presence link")
+    links = world.box_output().count("presence link up")
+    for args in (("login",), ("login", "--no-stay"), ("login", "--no-agent")):
+        r = world.phone(*args)
+        assert r.returncode == 1 and "the agent (pid" in r.stderr and "holds its presence link" in r.stderr, r.stdout + r.stderr
+    assert (agents.status().get("presence") or {}).get("connected")
+    assert world.box_output().count("presence link up") == links and "presence link lost" not in world.box_output()
+
+
 def test_lock_through_the_agent_drops_the_credentials(world, agents):
     with_pin(world)
     assert agents.start(stdin=PIN + "\n").returncode == 0

@@ -268,3 +268,56 @@ def test_someone_at_the_keyboard_cannot_spend_alices_rejection_budget(world):
     r = world.phone("login", "--no-stay")
     world.finish(g)
     assert r.returncode == 0, "alice's own phone is locked out by someone else's pushes: " + r.stderr
+
+
+# --- 3. hostage prompts (issue 39) -------------------------------------------------------------
+
+def test_a_pending_phone_cannot_hold_alices_prompt_against_her_own_phone(world):
+    """A phone that read the pairing code off the screen (pending: paired with a code that
+    names no user) pushes a guess for alice; it waits for Enter at her prompt. Before: alice's
+    own phone was told "box is not at a login prompt" for the whole enter_wait_s, and the
+    pending phone could do it again and again, charged nothing. Now alice's push takes the
+    prompt back from it, and the pending phone is refused after 3 pushes left unused."""
+    world.start_box()
+    world.pair_and_store()                                       # alice's phone, enrolled
+    world.pair_and_store(who="mallory", enrol=False, password="a guess")  # pending, pushes for alice
+    prompt = world.greeter(stdin=None)
+    mallory = world.phone_background("login", "--no-stay", who="mallory")
+    wait_for(lambda: "Press Enter" in open(mallory.log).read(), timeout=20, what="mallory's push held at alice's prompt")
+    alice = world.phone_background("login", "--no-stay")
+    wait_for(lambda: "Press Enter" in open(alice.log).read(), timeout=20, what="alice's push held instead")
+    assert mallory.wait(10) == 8, open(mallory.log).read()
+    assert "a phone enrolled for alice pushed to the same prompt" in world.box_output()
+    prompt.type("\n")
+    code, out = world.finish(prompt)
+    assert code == 0 and alice.wait(20) == 0, out + open(alice.log).read()
+    # Held and left unused three times, the pending phone is refused before its push waits.
+    for _ in range(2):
+        p = world.greeter(stdin=None)
+        m = world.phone_background("login", "--no-stay", who="mallory")
+        wait_for(lambda: "Press Enter" in open(m.log).read(), timeout=20, what="mallory's push held")
+        a = world.phone_background("login", "--no-stay")
+        wait_for(lambda: "Press Enter" in open(a.log).read(), timeout=20, what="alice's push held instead")
+        assert m.wait(10) == 8, open(m.log).read()
+        p.type("\n")
+        assert world.finish(p)[0] == 0 and a.wait(20) == 0
+    p = world.greeter(stdin=None)
+    r = world.phone("login", "--no-stay", who="mallory")
+    assert r.returncode == 2 and "waited with nobody pressing Enter" in r.stderr, r.stdout + r.stderr
+    p.kill()
+
+
+def test_alices_phone_hears_that_another_phones_push_waits_at_her_prompt(world):
+    """Two phones enrolled for alice (her phone and her tablet): the second push while the
+    first waits for Enter is told the truth, not "box is not at a login prompt"."""
+    world.start_box()
+    world.pair_and_store()
+    world.pair_and_store(who="tablet")
+    prompt = world.greeter(stdin=None)
+    first = world.phone_background("login", "--no-stay")
+    wait_for(lambda: "Press Enter" in open(first.log).read(), timeout=20, what="the first push held")
+    r = world.phone("login", "--no-stay", who="tablet")
+    assert r.returncode == 8 and "another phone's push is waiting for Enter" in r.stderr, r.stdout + r.stderr
+    prompt.type("\n")
+    code, out = world.finish(prompt)
+    assert code == 0 and first.wait(20) == 0

@@ -23,6 +23,20 @@ extension BoxState {
         }
         if let refusal = loginRefusal(push, from: phone, now: now) { return refuse(refusal) }
         let sent = push.kind.mode
+        // A prompt for this user that holds another phone's push (waiting for Enter): a phone
+        // not enrolled for the user (pending) never keeps it from one that is; otherwise the
+        // phone hears the truth, not "not at a login prompt".
+        let free: Bool = if case .prompt = prompts.choose(for: user) { true } else { false }
+        if !free, let held = prompts.prompts.values.first(where: {
+            $0.request.expectedUser == user && $0.held != nil && $0.verifying.map { $0.link != id } ?? false
+        }), let holder = held.verifying {
+            if enrolledUsers(of: phone).contains(user), !enrolledUsers(of: holder.phone).contains(user) {
+                dropHeld(held.id, .notAtPrompt, "a phone enrolled for \(user) pushed to the same prompt, and a phone that is not cannot keep it from her", now: now)
+            } else {
+                return refuse(LoginRefusal(why: "another phone's push (phone \(holder.phone.fingerprint)) waits for Enter at that prompt",
+                                           result: LoginResult(.notAtPrompt, reason: "another phone's push is waiting for Enter at box \(identity.boxID)'s prompt (\(held.description)); try again once it is used or gone")))
+            }
+        }
         switch prompts.choose(for: user) {
         case .prompt(let promptID) where push.kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
             let service = prompts[promptID]!.request.service
@@ -83,6 +97,12 @@ extension BoxState {
         }
         if rejectedByUser.isLimited(user, now: now) {
             return LoginRefusal(why: "too many rejected pushes for this user", result: LoginResult(.rejected, reason: "too many rejected pushes for \(user); try later"))
+        }
+        // A phone not enrolled for the user whose pushes were left waiting at her prompt, with
+        // nobody pressing Enter, is not let hold it again and again.
+        if !enrolledFor.contains(user), heldUnusedByPhone.isLimited(phone, now: now) {
+            return LoginRefusal(why: "its last \(BoxState.heldUnusedPerPhone) pushes were left waiting with nobody pressing Enter",
+                                result: LoginResult(.rejected, reason: "this phone's last pushes to box \(identity.boxID) waited with nobody pressing Enter; try later, at the box"))
         }
         if !enrolledFor.contains(user), rejectedNewPhones.isLimited(BoxState.newPhones, now: now) {
             return LoginRefusal(why: "too many rejected pushes from new phones at this box",
@@ -165,6 +185,11 @@ extension BoxState {
     /// again. Not a rejection: nothing was verified.
     mutating func dropHeld(_ promptID: UInt64, _ outcome: LoginResult.Outcome, _ why: String, now: Duration) {
         guard let prompt = prompts[promptID], prompt.held != nil, let v = prompt.verifying else { return }
+        // Not a rejection (nothing was verified), but a phone not enrolled for the user whose
+        // push sat at her prompt unused is counted: it cannot hold her prompt over and over.
+        if outcome == .timedOut || outcome == .notAtPrompt, !enrolledUsers(of: v.phone).contains(v.user) {
+            heldUnusedByPhone.record(v.phone, now: now)
+        }
         prompts[promptID]!.held = nil
         prompts[promptID]!.verifying = nil
         prompts[promptID]!.deadline = nil

@@ -214,7 +214,16 @@ extension BoxState {
                 || code == .notEnrolled || code == .noPairingCode {
                 failedHandshakes.record(id.address, now: now)
             }
-            audit(.notice, .connectionRefused, "refused \(who): \(code)", phone: phone?.fingerprint)
+            // One line per phone (or address) and refusal every 10 minutes: a revoked phone
+            // that keeps knocking, or a flood, does not fill the journal.
+            let key = "\(phone?.fingerprint ?? id.address.description) \(code.rawValue)"
+            refusalsLogged = refusalsLogged.filter { now - $0.value < Self.refusalLogInterval }
+            if refusalsLogged[key] == nil {
+                refusalsLogged[key] = now
+                audit(.notice, .connectionRefused, "refused \(who): \(code) (said once per \(spokenDuration(Self.refusalLogInterval)) for this \(phone == nil ? "address" : "phone"))", phone: phone?.fingerprint)
+            } else {
+                log(.debug, "refused \(who): \(code)")
+            }
         case .protocolViolation(let why):
             if links[id]?.pairingCode != nil, why != BoxConnection.tooManyRepeats { audit(.notice, .pairingFailed, "pairing failed \(who): wrong code (\(why))", phone: phone?.fingerprint) } else {
                 audit(.notice, .connectionRefused, "dropped \(who): \(why)", phone: phone?.fingerprint)

@@ -123,7 +123,14 @@ struct BoxState {
     /// over and over (each may stand up to `max_wait_s`).
     var offersByPhone = RateLimiter<PublicKey>(limit: BoxState.offersPerPhone, window: .seconds(300))
     static let offersPerPhone = 3
+    /// Pushes of a phone not enrolled for the user (a pending one) left waiting at her prompt
+    /// with nobody pressing Enter, per phone: after these it is refused for a while.
+    var heldUnusedByPhone = RateLimiter<PublicKey>(limit: BoxState.heldUnusedPerPhone, window: .seconds(300))
+    static let heldUnusedPerPhone = 3
     var rejectedByUser: RateLimiter<String>
+    /// When each phone's (or address's) refusal was last logged as a notice.
+    var refusalsLogged: [String: Duration] = [:]
+    static let refusalLogInterval: Duration = .seconds(600)
     /// Rejected pushes of all phones not (yet) enrolled for the user they pushed for, together.
     var rejectedNewPhones: RateLimiter<String>
     static let newPhones = "new phones"
