@@ -102,7 +102,7 @@ public actor Agent {
             throw PhoneFailure(.failure, "the credentials were dropped while the vault was being opened")
         }
         held = Held(user: user, password: password, until: clock.now + lifetime, unlockedAt: clock.now)
-        log("credentials for \(user) held for \(lifetime)")
+        log("credentials for \(user) held for \(spokenDuration(lifetime))")
         await holdingObserver?(true)
     }
 

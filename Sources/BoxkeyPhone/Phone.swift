@@ -102,7 +102,7 @@ public struct Phone: Sendable {
         case .keyChanged: return keyChanged(id)
         case .refused(let r): return PhoneFailure(.refused, refusalText(r, box: id), refusal: r.code)
         case .radio(let s): return PhoneFailure(.radioUnavailable, tr("cannot connect to box {box}: {why}", ("box", id), ("why", s)))
-        case .pairingFailed: return PhoneFailure(.pairingFailed, tr("pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box {box} and try again: a code takes 3 tries unless the box is set otherwise, then the box shows a new one.", ("box", id)))
+        case .pairingFailed: return PhoneFailure(.pairingFailed, tr("pairing failed: the code was wrong, or this is not the box that shows it; nothing was pinned. Check the code on box {box} and try again: a code takes 3 tries unless the box is set otherwise; once they are used, the box's next login prompt shows a new code (a prompt already on the screen keeps showing the old one).", ("box", id)))
         case .timedOut: return PhoneFailure(.timedOut, "box \(id): \(f)")
         case .linkLost, .protocolError: return PhoneFailure(.failure, "box \(id): \(f)")
         }

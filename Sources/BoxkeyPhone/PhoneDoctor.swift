@@ -46,10 +46,12 @@ public enum PhoneDoctor {
         } else {
             report.ok("boxes", phone.boxes.boxes.map { "\($0.id)\($0.id == phone.boxes.defaultBox?.description ? " (default)" : "")" }.joined(separator: ", "))
         }
-        switch Vault.state(dirs, identity: phone.identity) {
+        switch Vault.state(dirs, identity: phone.identity, now: vaultNow()) {
         case .empty: report.warn("credentials", "none stored", do: "boxkey credentials set")
-        case .stored(let pin, let failures):
-            if failures > 0 {
+        case .stored(let pin, let failures, let lockedUntil):
+            if let lockedUntil {
+                report.warn("credentials", "locked after \(failures) wrong PINs: no PIN is tried until \(localClockTime(lockedUntil)); \(Vault.maxFailures) wipe them", do: "wait, then enter the right PIN (it resets the count)")
+            } else if failures > 0 {
                 report.warn("credentials", "stored; \(failures) wrong PIN(s) so far, \(Vault.maxFailures) wipe them", do: "the next right PIN resets the count")
             } else {
                 report.ok("credentials", "stored\(pin ? ", behind a PIN" : "")")

@@ -37,16 +37,16 @@ public struct Vault {
     /// be looked at and cleared.
     public enum State: Equatable, Sendable {
         case empty
-        case stored(pin: Bool, failures: Int)
+        case stored(pin: Bool, failures: Int, lockedUntil: Date? = nil)
         case wiped
         case unusable(String)
     }
 
-    public static func state(_ dirs: PhoneDirectories, identity: PhoneIdentity) -> State {
+    public static func state(_ dirs: PhoneDirectories, identity: PhoneIdentity, now: Date = Date()) -> State {
         do {
             let vault = try load(dirs, identity: identity)
             if vault.isWiped { return .wiped }
-            return vault.hasCredentials ? .stored(pin: vault.hasPIN, failures: vault.failures) : .empty
+            return vault.hasCredentials ? .stored(pin: vault.hasPIN, failures: vault.failures, lockedUntil: vault.lockedUntil(now: now)) : .empty
         } catch let f as Failure {
             if case .tampered(let why) = f { return .unusable(why) }
             return .unusable("\(f)")
@@ -134,6 +134,20 @@ public struct Vault {
 
     public var hasCredentials: Bool { file.ciphertext != nil }
     public var hasPIN: Bool { file.pin != nil }
+
+    /// Until when wrong PINs lock the vault (no attempt is taken before), or nil. A failure
+    /// dated in the future counts from `now`, as an attempt would.
+    public func lockedUntil(now: Date) -> Date? {
+        let wait = Self.delay(afterFailures: file.failures)
+        guard file.pin != nil, !file.wiped, wait > 0, let last = file.lastFailure else { return nil }
+        let until = min(last, now.timeIntervalSince1970) + wait
+        return until > now.timeIntervalSince1970 ? Date(timeIntervalSince1970: until) : nil
+    }
+
+    /// The lockout as the failure a command ends with, if the vault is locked now.
+    public func lockout(now: Date) -> Failure? {
+        lockedUntil(now: now).map { Failure.lockedOut(until: $0, failures: file.failures) }
+    }
     public var failures: Int { file.failures }
     public var isWiped: Bool { file.wiped }
 

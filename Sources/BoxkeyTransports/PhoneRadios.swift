@@ -3,6 +3,7 @@ import BoxkeyCore
 import BoxkeyHost
 import BoxkeyPhone
 import BoxkeyRadio
+import NIOConcurrencyHelpers
 import BoxkeySimRadio
 
 /// Opens the phone's radio: BlueZ on a real adapter, or the simulated air shared with a box on
@@ -54,17 +55,25 @@ public final class SimulatedPhoneRadio: PhoneRadio {
     public let central: any CentralRadio
     private let position: Double
 
+    /// The walk this process followed last: a walk posted before it started is where it
+    /// starts (`SimMoves.position`), not one to follow.
+    private let followed: NIOLockedValueBox<String?>
+
     public init(air: SocketAir, address: DeviceAddress, position: Double) {
         self.air = air
         self.address = address
         self.position = position
         central = air.central(address, at: position)
+        followed = NIOLockedValueBox(SimMoves(directory: air.directory, address: address).current())
     }
 
     public var canWalk: Bool { true }
 
     public func followMoves(log: (String) -> Void) {
-        guard let move = SimMoves(directory: air.directory, address: address).take() else { return }
+        let moves = SimMoves(directory: air.directory, address: address)
+        guard let text = moves.current(), followed.withLockedValue({ $0 }) != text else { return }
+        followed.withLockedValue { $0 = text }
+        guard let move = SimMoves.parse(text) else { return }
         log("Walking to \(move.to) m over \(move.over) s…")
         air.air.move(address, to: move.to, over: .milliseconds(Int(move.over * 1000)))
     }

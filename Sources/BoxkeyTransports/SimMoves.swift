@@ -2,9 +2,11 @@ import BoxkeyRadio
 import FoundationEssentials
 import Glibc
 
-/// `boxkey sim move` posts a walk in a file next to the simulated radio; the presence link
-/// (`PresenceLink`) picks it up and moves the phone on the simulated air. Where the walk ends is
-/// kept beside it, so every later command (scan, login, an agent) starts the phone there.
+/// `boxkey sim move` posts a walk in a file next to the simulated radio; every running process
+/// of that phone (a presence link, an agent, `scan --watch`) picks it up and moves the phone on
+/// its simulated air. The walk stays in the file, stamped: each process follows each walk once
+/// (a walk taken by the first reader left the others where they were). Where the walk ends is
+/// kept beside it, so every later command starts the phone there.
 public struct SimMoves: Sendable {
     let path: String
     let positionPath: String
@@ -15,10 +17,31 @@ public struct SimMoves: Sendable {
         positionPath = "\(directory)/\(name).position"
     }
 
-    public func post(to: Double, over: Double) {
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// Posts a walk to `to` metres over `over` seconds; a folder it cannot write is an error.
+    public func post(to: Double, over: Double) throws(Failure) {
         // The position first: a command starting meanwhile finds the phone where it is going.
-        _ = FileManager.default.createFile(atPath: positionPath, contents: "\(to)".data(using: .utf8))
-        _ = FileManager.default.createFile(atPath: path, contents: "\(to) \(over)".data(using: .utf8))
+        try write("\(to)", to: positionPath)
+        var stamp = timespec()
+        clock_gettime(CLOCK_REALTIME, &stamp)
+        try write("\(to) \(over) \(stamp.tv_sec).\(stamp.tv_nsec).\(getpid())", to: path)
+    }
+
+    private func write(_ text: String, to file: String) throws(Failure) {
+        let temporary = file + ".tmp-\(getpid())"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw Failure(description: "cannot write \(file): \(String(cString: strerror(errno)))") }
+        let bytes = Array(text.utf8)
+        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress!, $0.count) }
+        close(fd)
+        guard written == bytes.count, rename(temporary, file) == 0 else {
+            let why = String(cString: strerror(errno))
+            unlink(temporary)
+            throw Failure(description: "cannot write \(file): \(why)")
+        }
     }
 
     /// Where the last `sim move` put this phone, if one did.
@@ -28,10 +51,16 @@ public struct SimMoves: Sendable {
         return metres
     }
 
-    func take() -> (to: Double, over: Double)? {
-        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else { return nil }
-        unlink(path)
-        let parts = text.split(separator: " ").compactMap { Double($0) }
-        return parts.count == 2 ? (parts[0], parts[1]) : nil
+    /// The walk posted last, as its stamped text (nil: none).
+    func current() -> String? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        return String(data: data, encoding: .utf8)
+    }
+
+    /// A walk's target and time, from its text.
+    static func parse(_ text: String) -> (to: Double, over: Double)? {
+        let parts = text.split(separator: " ")
+        guard parts.count >= 2, let to = Double(parts[0]), let over = Double(parts[1]), to.isFinite, to >= 0, over.isFinite, over >= 0 else { return nil }
+        return (to, over)
     }
 }

@@ -67,6 +67,8 @@ enum AgentCommand {
             let vault = try phone.vault()
             if vault.isWiped { throw Vault.Failure.wiped.asPhoneFailure }
             guard vault.hasCredentials else { throw Vault.Failure.noCredentials.asPhoneFailure }
+            // Locked by wrong PINs: said before the PIN is asked, not after.
+            if let lockout = vault.lockout(now: vaultNow()) { throw lockout.asPhoneFailure }
             let pin = vault.hasPIN ? try Terminal.readPIN() : nil
             let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
             let status = Detached.spawn([executable, "agent", "start", "--detached-child", "--lifetime", lifetime.text] + (proximity ? ["--proximity"] : []) + radio.arguments,
@@ -97,6 +99,7 @@ enum AgentCommand {
                                           proximity: proximity ? BoxkeyPhone.Agent.Proximity() : nil, log: log)
             do {
                 // The PIN lives only for the unlock: the agent holds credentials, never the PIN.
+                if let lockout = vault.lockout(now: vaultNow()) { throw lockout.asPhoneFailure }
                 let pin = vault.hasPIN ? try Terminal.readPIN() : nil
                 try await agent.unlock(pin: pin)
             }

@@ -34,7 +34,7 @@ extension Boxkey {
                     }
                     let password = keyOnly ? SecureBytes(count: 0)
                         : escrow ? CredentialPush.escrowField(SecureBytes.random(count: CredentialPush.escrowSecretLength))
-                        : try Terminal.readSecret(tr("Password: "))
+                        : try Terminal.readNewPassword()
                     guard password.count > 0 || keyOnly else { throw PhoneFailure(.cancelled, tr("no password given; nothing was stored")) }
                     var pin: SecureBytes?
                     if vault.hasPIN, !vault.isWiped {
@@ -133,6 +133,8 @@ struct VaultReport: Encodable {
     var credentials: String  // none, stored, wiped, unusable
     var pin: Bool
     var failures: Int
+    /// Wrong PINs lock the vault until then (ISO 8601), or nil.
+    var lockedUntil: Date?
     var problem: String?
     /// Whose credentials, and what they are ("password", "key": key logins only, "escrow"):
     /// known when the vault has no PIN, or from an agent that holds them; nil while they are
@@ -143,7 +145,7 @@ struct VaultReport: Encodable {
     init(_ state: Vault.State) {
         switch state {
         case .empty: (credentials, pin, failures) = ("none", false, 0)
-        case .stored(let p, let f): (credentials, pin, failures) = ("stored", p, f)
+        case .stored(let p, let f, let until): (credentials, pin, failures, lockedUntil) = ("stored", p, f, until)
         case .wiped: (credentials, pin, failures) = ("wiped", false, Vault.maxFailures)
         case .unusable(let why): (credentials, pin, failures, problem) = ("unusable", false, 0, why)
         }
@@ -151,7 +153,7 @@ struct VaultReport: Encodable {
 
     /// With the user and kind filled in where they can be known without the PIN.
     init(_ phone: Phone, agent: AgentStatus?) {
-        self.init(Vault.state(phone.dirs, identity: phone.identity))
+        self.init(Vault.state(phone.dirs, identity: phone.identity, now: vaultNow()))
         guard credentials == "stored" else { return }
         if !pin, var vault = try? phone.vault(), let (user, password) = try? vault.credentials(pin: nil, now: vaultNow()) {
             self.user = user
@@ -162,13 +164,14 @@ struct VaultReport: Encodable {
         }
     }
 
-    enum CodingKeys: String, CodingKey { case credentials, pin, failures, problem, user, kind }
+    enum CodingKeys: String, CodingKey { case credentials, pin, failures, lockedUntil, problem, user, kind }
 
     func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(credentials, forKey: .credentials)
         try c.encode(pin, forKey: .pin)
         try c.encode(failures, forKey: .failures)
+        try c.encode(lockedUntil?.ISO8601Format(), forKey: .lockedUntil)
         try c.encode(problem, forKey: .problem)
         try c.encode(user, forKey: .user)
         try c.encode(kind, forKey: .kind)
@@ -185,6 +188,7 @@ struct VaultReport: Encodable {
             }
             if pin { text += user == nil ? tr(", behind a PIN (which keeps the user sealed too)") : tr(", behind a PIN") }
             if failures > 0 { text += tr.plural(", {n} wrong PIN", ", {n} wrong PINs", failures, ("n", failures)) }
+            if let lockedUntil { text += tr(": no PIN is tried until {time}", ("time", localClockTime(lockedUntil))) }
             return text
         case "wiped": return tr("wiped after {n} wrong PINs", ("n", Vault.maxFailures))
         case "unusable": return tr("unusable: {why} (boxkey credentials clear --force removes it)", ("why", problem ?? "?"))

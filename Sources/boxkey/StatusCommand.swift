@@ -128,8 +128,13 @@ extension Boxkey {
             func run() async throws {
                 try await Terminal.run {
                     let phone = try Phone.open()
-                    SimMoves(directory: simDirectory ?? ProcessInfo.processInfo.environment["BOXKEY_SIM_DIR"] ?? "/tmp/boxkey-sim",
-                             address: phone.identity.simulatedAddress).post(to: metres, over: over)
+                    guard metres.isFinite, metres >= 0, over.isFinite, over >= 0 else {
+                        throw PhoneFailure(.usage, tr("a distance and a time are 0 or more"))
+                    }
+                    let directory = simDirectory ?? ProcessInfo.processInfo.environment["BOXKEY_SIM_DIR"] ?? "/tmp/boxkey-sim"
+                    do { try SimMoves(directory: directory, address: phone.identity.simulatedAddress).post(to: metres, over: over) } catch {
+                        throw PhoneFailure(.failure, tr("the phone did not move: {why} (the simulated radio's folder is BOXKEY_SIM_DIR or --sim-directory)", ("why", "\(error)")))
+                    }
                     Terminal.say(tr("Moving to {metres} m over {seconds} s.", ("metres", metres), ("seconds", over)))
                 }
             }

@@ -124,14 +124,39 @@ enum Terminal {
         throw Vault.Failure.notAPIN.asPhoneFailure
     }
 
-    /// A new PIN, asked twice: a typo would otherwise set a PIN nobody knows.
+    /// A new PIN, asked twice: a typo would otherwise set a PIN nobody knows. On a terminal a
+    /// PIN that is too short or not digits, or a second entry that differs, is asked again
+    /// (3 times); piped, it ends the command.
     static func readNewPIN() throws -> SecureBytes {
-        let pin = try readSecret(tr("New PIN: "))
-        guard pin.count > 0 else { throw PhoneFailure(.cancelled, tr("no PIN entered; nothing was changed")) }
-        if let problem = Vault.problem(withNewPIN: pin) { throw PhoneFailure(.failure, problem) }
-        let again = try readSecret(tr("New PIN again: "))
-        guard again.isEqual(to: pin) else { throw PhoneFailure(.cancelled, tr("the two PINs differ; nothing was changed")) }
-        return pin
+        try readTwice(first: tr("New PIN: "), second: tr("New PIN again: "), check: Vault.problem(withNewPIN:),
+                      none: tr("no PIN entered; nothing was changed"), differ: tr("the two PINs differ; nothing was changed"))
+    }
+
+    /// A password to store, asked twice on a terminal: a typo would otherwise show only as a
+    /// rejected login at the box. Piped, once (a script has it right).
+    static func readNewPassword() throws -> SecureBytes {
+        guard isatty(0) == 1 else { return try readSecret(tr("Password: ")) }
+        return try readTwice(first: tr("Password: "), second: tr("Password again: "), check: { _ in nil },
+                             none: tr("no password given; nothing was stored"), differ: tr("the two passwords differ; nothing was stored"))
+    }
+
+    private static func readTwice(first: String, second: String, check: (SecureBytes) -> String?, none: String, differ: String) throws -> SecureBytes {
+        let tries = isatty(0) == 1 ? 3 : 1
+        var last = PhoneFailure(.cancelled, differ)
+        for _ in 0..<tries {
+            let secret = try readSecret(first)
+            guard secret.count > 0 else { throw PhoneFailure(.cancelled, none) }
+            if let problem = check(secret) {
+                last = PhoneFailure(.failure, problem)
+                if tries > 1 { warn(problem) }
+                continue
+            }
+            let again = try readSecret(second)
+            if again.isEqual(to: secret) { return secret }
+            last = PhoneFailure(.cancelled, differ)
+            if tries > 1 { warn(differ) }
+        }
+        throw last
     }
 
     /// One line of standard input (a name, an answer), read a byte at a time: stdio's buffered

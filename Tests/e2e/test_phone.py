@@ -172,6 +172,24 @@ def test_parallel_wrong_pins_are_each_counted(world):
     assert vault_report(world)["failures"] == 5
 
 
+def test_a_wrong_pin_lockout_is_shown_and_agent_start_says_it_before_asking(world):
+    """Five wrong PINs lock the vault for a minute. Before: no command showed it, and `agent
+    start` asked for the PIN, then refused. Now status (words and JSON) and doctor say until
+    when, and `agent start` refuses before it reads anything."""
+    with_pin(world)
+    for _ in range(5):
+        assert world.phone("login", "--no-stay", "--no-agent", stdin="111111\n").returncode == 5
+    report = vault_report(world)
+    assert report["failures"] == 5 and report["lockedUntil"], report
+    said = world.phone("status").stdout
+    assert "5 wrong PINs: no PIN is tried until" in said, said
+    doctor = world.phone("doctor").stdout
+    assert "locked after 5 wrong PINs" in doctor, doctor
+    r = world.phone("agent", "start", stdin="")  # nothing to read: it must not ask
+    assert r.returncode == 12 and "PIN:" not in r.stderr, r.stdout + r.stderr
+    assert vault_report(world)["failures"] == 5
+
+
 def test_agent_start_killed_before_ready_is_a_failure(world):
     """An agent that dies before it serves (OOM during Argon2id, a crash) must not read as
     started: the command fails, whatever the signal's exit status would look like."""
@@ -210,6 +228,40 @@ def test_pin_is_at_least_six_digits(world):
     r = world.phone("pin", "set", stdin=PIN + "\n" + PIN + "\n")
     assert r.returncode == 0 and "PIN set" in r.stdout, r.stderr
     assert vault_report(world)["pin"] is True
+
+
+def test_on_a_terminal_a_bad_pin_or_password_is_asked_again(world):
+    """Before: `pin set` with a 5-digit PIN exited 1, and `credentials set` asked for the
+    password once (a typo showed up only as a rejected login). On a terminal both ask again."""
+    import pexpect
+    env = world.phone_env()
+    child = pexpect.spawn(world.bins["boxkey"], ["credentials", "set", "--user", "alice"], env=env, encoding="utf-8", timeout=10)
+    child.expect("Password: ")
+    child.sendline(PASSWORD)
+    child.expect("Password again: ")
+    child.sendline(PASSWORD + "x")
+    child.expect("differ")
+    child.expect("Password: ")
+    child.sendline(PASSWORD)
+    child.expect("Password again: ")
+    child.sendline(PASSWORD)
+    child.expect("Credentials for alice stored")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    child = pexpect.spawn(world.bins["boxkey"], ["pin", "set"], env=env, encoding="utf-8", timeout=10)
+    child.expect("New PIN: ")
+    child.sendline("24680")
+    child.expect("at least 6 digits")
+    child.expect("New PIN: ")
+    child.sendline(PIN)
+    child.expect("New PIN again: ")
+    child.sendline(PIN)
+    child.expect("PIN set")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and vault_report(world)["pin"] is True
+    assert world.phone("credentials", "show", stdin=PIN + "\n").returncode == 0
 
 
 def test_pin_set_and_change_ask_twice(world):
@@ -306,8 +358,45 @@ def test_scan_watch_keeps_the_list_of_nearby_boxes_up_to_date(world):
     assert watch.wait(10) == 0
 
 
+def test_every_running_process_of_the_phone_follows_a_sim_move(world):
+    """Before: one `sim move` was taken by whichever process read it first, so with `scan
+    --watch` open either the scan or the presence link followed, and a login could be left at
+    40 m after the phone moved back. Now both follow each walk, once."""
+    world.settings["presence"]["grace_s"] = 30  # back within it: no walk-away
+    world.start_box()
+    world.pair_and_store()
+    greeter = world.greeter("authenticate", "open_session")
+    holder = world.staying_login()
+    assert world.finish(greeter)[0] == 0
+    watch = world.phone_background("scan", "--watch", "--json")
+
+    def changes():
+        return [json.loads(line) for line in open(watch.log).read().splitlines() if line.startswith("{")]
+
+    wait_for(lambda: any(c["change"] == "new" for c in changes()), timeout=10, what="the box in the list")
+    assert world.phone("sim", "move", "45").returncode == 0
+    wait_for(lambda: changes()[-1]["change"] == "gone", timeout=15, what="the scan following the walk")
+    wait_for(lambda: "lost at" in open(holder.log).read(), timeout=15, what="the presence link following the walk")
+    assert world.phone("sim", "move", "1").returncode == 0
+    wait_for(lambda: changes()[-1]["change"] == "new", timeout=15, what="the scan following the walk back")
+    wait_for(lambda: "restored" in open(holder.log).read(), timeout=15, what="the presence link following the walk back")
+    assert "LockSession" not in world.logind.calls()
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(10) == 0
+
+
+def test_a_sim_move_that_cannot_be_written_says_so(world):
+    """Before: "Moving to 5.0 m" and exit 0 with a folder it could not write."""
+    folder = os.path.join(world.work, "not-writable")
+    os.makedirs(folder)
+    os.chmod(folder, 0o500)
+    env = {"BOXKEY_SIM_DIR": folder}
+    r = world.phone("sim", "move", "5", extra_env=env) if os.geteuid() != 0 else world.phone("sim", "move", "5", "--sim-directory", "/proc/self")
+    assert r.returncode == 1 and "the phone did not move: cannot write" in r.stderr and "Moving" not in r.stdout, r.stdout + r.stderr
+
+
 STATUS_KEYS = {"phoneKey", "fingerprint", "vault", "agent", "presence", "loggedIn", "boxes"}
-VAULT_KEYS = {"credentials", "pin", "failures", "problem", "user", "kind"}
+VAULT_KEYS = {"credentials", "pin", "failures", "lockedUntil", "problem", "user", "kind"}
 AGENT_KEYS = {"running", "pid", "credentialsHeld", "user", "mode", "expiresInSeconds", "presence", "proximity", "proximityOpen"}
 
 
@@ -336,7 +425,7 @@ def test_status_json_has_every_key_in_every_state(world, agents):
     assert agent_status() == {"running": False}
     with_pin(world)
     s = check()
-    assert s["vault"] == {"credentials": "stored", "pin": True, "failures": 0, "problem": None, "user": None, "kind": None}
+    assert s["vault"] == {"credentials": "stored", "pin": True, "failures": 0, "lockedUntil": None, "problem": None, "user": None, "kind": None}
     # Without the PIN, whose credentials they are is readable.
     assert world.phone("pin", "clear", stdin=PIN + "\n").returncode == 0
     s = check()
