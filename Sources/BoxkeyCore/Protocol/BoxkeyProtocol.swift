@@ -78,6 +78,6 @@ public struct BoxID: Hashable, Sendable, Comparable, CustomStringConvertible {
 
 /// The release of this source tree, as `boxkey --version` and `boxkeyd --version` print it.
 public enum BoxkeyRelease {
-    public static let version = "0.6.1"
+    public static let version = "0.7.0"
     public static var description: String { "\(version) (protocol \(BoxkeyProtocol.version))" }
 }
