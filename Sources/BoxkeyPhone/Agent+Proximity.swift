@@ -126,7 +126,7 @@ extension Agent {
     private func followWalks() { if presence == nil { radio.followMoves(log: log) } }
 
     private func offer(at id: BoxID) async {
-        guard let held, !busy else { return }
+        guard let held, !busy, !refusedOffers.contains(id) else { return }
         busy = true
         loginsInProgress += 1
         defer { busy = false; loginsInProgress -= 1; nextOffer = clock.now + .seconds(10) }
@@ -141,6 +141,10 @@ extension Agent {
             linkJobContinuation.yield(.presence(presenceLink))
         } catch {
             log("proximity login at box \(id): \(error.message)")
+            if error.refusal == .phoneRevoked || error.refusal == .notEnrolled {
+                refusedOffers.insert(id)
+                log("no more proximity offers to box \(id): it does not take this phone (pair again there, then restart the agent)")
+            }
         }
         await settleHolding()
     }

@@ -61,6 +61,9 @@ public actor Agent {
     /// No new offer before this (after one ended, so a refused or ignored offer is not repeated
     /// at once).
     var nextOffer: Duration?
+    /// Boxes that refused this phone as revoked or not enrolled: no more offers there (said
+    /// once) until the agent starts again, after a new pairing.
+    var refusedOffers: Set<BoxID> = []
     var scanning = false
 
     public init(phone: Phone, radio: any PhoneRadio, lifetime: Duration, proximity: Proximity? = nil, clock: any RadioClock = BootClock(),
@@ -109,6 +112,9 @@ public actor Agent {
     /// Drops the credentials (the presence link stays: it carries no secret).
     public func forget(_ why: String) async {
         drops += 1
+        // Whatever drops the credentials (asked, lock, stop, a suspend, the lifetime) takes back
+        // a push still waiting for Enter: the person is leaving, or asked the phone to forget.
+        withdrawPushes()
         guard held != nil else { return }
         held = nil  // SecureBytes zeroes and frees its pages
         log("credentials dropped (\(why))" + (loginsInProgress > 0 ? "; the login in progress keeps its copy until it ends" : ""))
@@ -150,12 +156,10 @@ public actor Agent {
                 reply(.result(error.outcome, message: error.message, details: ""))
             }
         case .forget:
-            withdrawPushes()
             await forget("asked to")
             reply(.result(.success, message: "The agent dropped the credentials.", details: ""))
         case .stop:
             stopRequested = true
-            withdrawPushes()
             await forget("stopping")
             presence?.leave(detach: false)
             linkJobContinuation.finish()
@@ -166,10 +170,7 @@ public actor Agent {
         case .act(let action, let box):
             // The person is leaving: the credentials go now, even if the agent is busy; the
             // lock itself waits for the job in hand (a login) rather than being refused.
-            if action == .lock {
-                withdrawPushes()
-                await forget("boxkey lock")
-            }
+            if action == .lock { await forget("boxkey lock") }
             await exclusive(reply, waitUpTo: Self.actionWait) { try await self.act(action, box: box) }
         }
     }
@@ -198,7 +199,7 @@ public actor Agent {
     /// The pushes of logins in progress, each taken back if it still waits for Enter.
     private var pushesInFlight: [ObjectIdentifier: Withdrawal] = [:]
 
-    /// `forget`, `lock`, `stop`: the person is leaving, so no push of theirs stays at a prompt.
+    /// `forget`: no push of this phone stays at a prompt.
     private func withdrawPushes() {
         for w in pushesInFlight.values where w.ask() { log("withdrawing the push that waits for Enter") }
     }

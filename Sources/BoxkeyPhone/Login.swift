@@ -160,7 +160,7 @@ extension Phone {
         case .noSession: throw PhoneFailure(.noSession, tr("you have no session on box {box}", ("box", id)))
         case .failed: throw PhoneFailure(.failure, action == .lock ? tr("box {box} could not lock the session", ("box", id)) : tr("box {box} could not end the session", ("box", id)))
         case .notLockable:
-            throw PhoneFailure(.notLockable, tr("box {box} cannot lock your session: nothing on it follows logind's Lock (a text console, or a desktop without a screen locker). It is still open; `boxkey logout` ends it.", ("box", id)))
+            throw PhoneFailure(.notLockable, tr("box {box} cannot lock your session: nothing on it follows logind's Lock (a text console, or a desktop without a screen locker). What did not lock is still open; `boxkey logout` ends it.", ("box", id)))
         }
     }
 

@@ -51,7 +51,7 @@ struct SessionActions: Sendable {
     /// walk-away one of `targets` (sessions this phone opened or unlocked) is ended
     /// (`[presence] not_locked = logout`, the default) or kept and logged (`keep`); one found only
     /// by the fail-closed search is never ended, only logged. An explicit lock never ends a
-    /// session: one that locked nothing tells the phone `notLockable`.
+    /// session: one that left any session open tells the phone `notLockable`.
     func lock(_ targets: [LoginSession], orAllOf users: [String], phone: PublicKey, reason: String, walkAway: Bool,
               _ settings: Settings) async -> Locked {
         var list = targets
@@ -73,7 +73,9 @@ struct SessionActions: Sendable {
         if walkAway { return Locked(outcome: outcome, toSettle: (list, endable)) }
         let open = await unconfirmedLocks(list, phone: phone, settings)
         await settle(open, phone: phone, endable: [], settings)
-        return Locked(outcome: open.count == list.count ? .notLockable : outcome)
+        // One session that stayed open is enough: the phone must not hear "locked", and its
+        // presence link must go on guarding what is open (a console beside a locked desktop).
+        return Locked(outcome: open.isEmpty ? outcome : .notLockable)
     }
 
     /// logind's LockSession only signals the session: the sessions of `list` that logind says

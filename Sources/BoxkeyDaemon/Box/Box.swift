@@ -2,6 +2,7 @@ import BoxkeyCore
 import BoxkeyPAMWire
 import BoxkeyRadio
 import FoundationEssentials
+import Glibc
 import Logging
 
 /// The box: the one place the radio (phone links), the PAM bridge (prompts), logind and the
@@ -115,13 +116,14 @@ public actor Box {
         do { record = try file.load() ?? GuardRecord() } catch {
             logger.warning("\(error): starting with no session on record (walk-away locks every local session of a returning phone's user, and ends none)")
         }
-        var live: [String: LoginSession] = [:]
+        var answers: [String: Result<LoginSession?, any Error>] = [:]
         for s in record.sessions {
-            do { if let session = try await sessions.session(id: s.id) { live[s.id] = session } } catch {
-                logger.warning("logind did not answer for session \(logSafe(s.id)) of the daemon before this one (\(error)): not guarding it")
+            do { answers[s.id] = .success(try await sessions.session(id: s.id)) } catch {
+                logger.warning("logind did not answer for session \(logSafe(s.id)) of the daemon before this one (\(error)): guarding it as recorded")
+                answers[s.id] = .failure(error)
             }
         }
-        if !record.isEmpty { state.resume(record, live: live, now: clock.now) }
+        if !record.isEmpty { state.resume(record, answers: answers, now: clock.now) }
         guardFile = file
         savedGuard = nil
         keepGuardRecord()
@@ -133,6 +135,9 @@ public actor Box {
         guard let guardFile else { return }
         let record = state.guardRecord
         guard record != savedGuard else { return }
+        // Not yet made (the PAM bridge makes the socket's folder): nothing was guarded before,
+        // and the next change writes it.
+        guard access(guardFile.path.parentDirectory, F_OK) == 0 else { return }
         do {
             try guardFile.save(record)
             savedGuard = record

@@ -23,20 +23,7 @@ extension BoxState {
         }
         if let refusal = loginRefusal(push, from: phone, now: now) { return refuse(refusal) }
         let sent = push.kind.mode
-        // A prompt for this user that holds another phone's push (waiting for Enter): a phone
-        // not enrolled for the user (pending) never keeps it from one that is; otherwise the
-        // phone hears the truth, not "not at a login prompt".
-        let free: Bool = if case .prompt = prompts.choose(for: user) { true } else { false }
-        if !free, let held = prompts.prompts.values.first(where: {
-            $0.request.expectedUser == user && $0.held != nil && $0.verifying.map { $0.link != id } ?? false
-        }), let holder = held.verifying {
-            if enrolledUsers(of: phone).contains(user), !enrolledUsers(of: holder.phone).contains(user) {
-                dropHeld(held.id, .notAtPrompt, "a phone enrolled for \(user) pushed to the same prompt, and a phone that is not cannot keep it from her", now: now)
-            } else {
-                return refuse(LoginRefusal(why: "another phone's push (phone \(holder.phone.fingerprint)) waits for Enter at that prompt",
-                                           result: LoginResult(.notAtPrompt, reason: "another phone's push is waiting for Enter at box \(identity.boxID)'s prompt (\(held.description)); try again once it is used or gone")))
-            }
-        }
+        if let taken = takeBackHeldPrompt(for: user, by: phone, on: id, now: now) { return refuse(taken) }
         switch prompts.choose(for: user) {
         case .prompt(let promptID) where push.kind == .key && !config.keyServices.contains(prompts[promptID]!.request.service):
             let service = prompts[promptID]!.request.service
@@ -68,6 +55,23 @@ extension BoxState {
         case .prompt(let promptID):
             placeLogin(push, from: id, phone: phone, at: promptID, who: who, now: now)
         }
+    }
+
+    /// A prompt for `user` that holds another phone's push (waiting for Enter). A phone not
+    /// enrolled for the user (pending) never keeps it from one that is: its push is dropped
+    /// now, and `phone` may go on. Otherwise the refusal `phone` hears: the truth, not "not at a
+    /// login prompt". Nil when no such prompt is in the way.
+    mutating func takeBackHeldPrompt(for user: String, by phone: PublicKey, on id: CentralID, now: Duration) -> LoginRefusal? {
+        if case .prompt = prompts.choose(for: user) { return nil }
+        guard let held = prompts.prompts.values.first(where: {
+            $0.request.expectedUser == user && $0.held != nil && $0.verifying.map { $0.link != id } ?? false
+        }), let holder = held.verifying else { return nil }
+        if enrolledUsers(of: phone).contains(user), !enrolledUsers(of: holder.phone).contains(user) {
+            dropHeld(held.id, .notAtPrompt, "a phone enrolled for \(user) came to the same prompt, and a phone that is not cannot keep it from her", now: now)
+            return nil
+        }
+        return LoginRefusal(why: "another phone's push (phone \(holder.phone.fingerprint)) waits for Enter at that prompt",
+                            result: LoginResult(.notAtPrompt, reason: "another phone's push is waiting for Enter at box \(identity.boxID)'s prompt (\(held.description)); try again once it is used or gone"))
     }
 
     /// Why `phone` may not log `push.user` in at all, wherever the prompt: not enrolled for the
@@ -187,7 +191,7 @@ extension BoxState {
         guard let prompt = prompts[promptID], prompt.held != nil, let v = prompt.verifying else { return }
         // Not a rejection (nothing was verified), but a phone not enrolled for the user whose
         // push sat at her prompt unused is counted: it cannot hold her prompt over and over.
-        if outcome == .timedOut || outcome == .notAtPrompt, !enrolledUsers(of: v.phone).contains(v.user) {
+        if outcome == .timedOut || outcome == .notAtPrompt || outcome == .withdrawn, !enrolledUsers(of: v.phone).contains(v.user) {
             heldUnusedByPhone.record(v.phone, now: now)
         }
         prompts[promptID]!.held = nil
@@ -230,6 +234,9 @@ extension BoxState {
             return refuse(.wrongUser, "a proximity offer needs a phone enrolled for that user", "this phone is not enrolled for \(user) at box \(identity.boxID)")
         }
         guard !rejectedByUser.isLimited(user, now: now) else { return refuse(.rejected, "too many rejected pushes for this user", "too many rejected pushes for \(user); try later") }
+        if let taken = takeBackHeldPrompt(for: user, by: phone, on: id, now: now) {
+            return refuse(taken.result.outcome, taken.why, taken.result.reason)
+        }
         // The program's password prompt is on the screen before any offer comes, so the prompt
         // cannot say whose phone is near: only a prompt already for this user (its login name
         // typed, its user chosen at the greeter, its locker) takes an offer.

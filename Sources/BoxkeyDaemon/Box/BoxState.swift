@@ -267,13 +267,21 @@ struct BoxState {
         ])
     }
 
+    /// A prompt whose held push is from a phone not enrolled for the prompt's user.
+    func heldByStranger(_ prompt: PromptTable.Prompt) -> Bool {
+        guard prompt.held != nil, let v = prompt.verifying, !prompt.request.expectedUser.isEmpty else { return false }
+        return !enrolledUsers(of: v.phone).contains(prompt.request.expectedUser)
+    }
+
     /// What a phone reads before pairing, or before trusting a fleet box: ID, key, and for a
     /// fleet box its certificate and the fleet's revocation list.
     var info: BoxInfo { BoxInfo(boxID: identity.boxID, staticKey: identity.keyPair.publicKey, fleet: fleetCredentials) }
 
     var advertisingData: AdvertisingData {
         var flags: Advertisement.Flags = []
-        if !prompts.takingPushes.isEmpty { flags.insert(.loginPromptWaiting) }
+        // A prompt held only by a phone not enrolled for its user still waits, as far as that
+        // user's phones can tell: their offer or push takes it back (`takeBackHeldPrompt`).
+        if !prompts.takingPushes.isEmpty || prompts.prompts.values.contains(where: heldByStranger) { flags.insert(.loginPromptWaiting) }
         if !presences.isEmpty { flags.insert(.sessionActive) }
         let advert = Advertisement(flags: flags, boxID: identity.boxID, nonce: nonces.current,
                                    keyHint: identity.keyPair.publicKey.advertisementHint)

@@ -22,6 +22,24 @@ public struct GuardRecord: Codable, Sendable, Equatable {
         public var service: String
         /// The phone whose push opened or unlocked it (hex key), if one did.
         public var phone: String?
+        /// Where it is, as logind said at registration: kept when logind does not answer at
+        /// start (its session is guarded as recorded, and checked when acted on).
+        public var seat: String
+        public var tty: String
+        public var display: String
+        public var type: String
+        public var sessionClass: String
+
+        init(_ entry: SessionRegistry.Entry) {
+            let s = entry.session
+            id = s.id; uid = s.uid; user = s.user; service = entry.service; phone = entry.phone.map { hex($0.bytes) }
+            seat = s.seat; tty = s.tty; display = s.display; type = s.type; sessionClass = s.sessionClass
+        }
+
+        /// The session as recorded (registered sessions are local: `remote` is false).
+        var recorded: LoginSession {
+            LoginSession(id: id, uid: uid, user: user, seat: seat, tty: tty, display: display, remote: false, sessionClass: sessionClass, type: type)
+        }
     }
     public struct Presence: Codable, Sendable, Equatable, Hashable {
         public var phone: String
