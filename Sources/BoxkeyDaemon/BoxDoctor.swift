@@ -24,8 +24,13 @@ public enum BoxDoctor {
             report.fail("configuration", ownership, do: "boxkeyd will not start (exit 78) until then")
         } else if let configProblem {
             report.fail("configuration", configProblem, do: "fix the line it names; `boxkeyd --check-config` checks again (boxkeyd.conf(5))")
+        } else if !config.warnings.isEmpty {
+            report.warn("configuration", config.warnings.joined(separator: "; "), do: "take the keys it names out of the file")
         } else {
-            report.ok("configuration", FileManager.default.fileExists(atPath: configPath) ? configPath : "\(configPath) absent: every default")
+            let dropIns = DaemonConfig.dropIns(of: configPath)
+            let files = (FileManager.default.fileExists(atPath: configPath) ? configPath : "\(configPath) absent: every default")
+                + (dropIns.isEmpty ? "" : ", with \(dropIns.count) drop-in(s) from \(configPath).d")
+            report.ok("configuration", files)
         }
         if getuid() != 0 {
             report.warn("permissions", "not root: the daemon's socket and state cannot be checked", do: "run it as root: sudo boxkeyd doctor")

@@ -92,12 +92,16 @@ extension Boxkeyd {
                 config.boxID = id
             }
             if checkConfig {
-                print(options.fileExists ? "\(options.config): OK" : "\(options.config): no such file; every setting has its default")
+                for warning in config.warnings { Console.error("boxkeyd: warning: \(warning)\n") }
+                let dropIns = DaemonConfig.dropIns(of: options.config)
+                let with = dropIns.isEmpty ? "" : " (with \(dropIns.joined(separator: ", ")))"
+                print(options.fileExists ? "\(options.config)\(with): OK" : "\(options.config): no such file; every other setting has its default\(with)")
                 return
             }
             let level = Logger.Level(rawValue: logLevel)!  // checked in validate()
             LoggingSystem.bootstrap { label in DaemonLogHandler(label: label, level: level) }
             let logger = Logger(label: "boxkeyd")
+            for warning in config.warnings { logger.warning("\(warning)") }
             if !options.fileExists {
                 logger.notice("no configuration file at \(options.config): every setting has its default (docs/operations.md lists them)")
             }
@@ -132,6 +136,7 @@ extension Boxkeyd {
             // A file that does not load is the daemon's to report (and to keep for status):
             // the socket is found from the defaults and --socket then.
             var config = (try? DaemonConfig.load(path: options.config)) ?? DaemonConfig()
+            if (try? DaemonConfig.load(path: options.config)) == nil, let socket = DaemonConfig.socketLine(in: options.config) { config.pamSocket = socket }
             if let socket = options.socket { config.pamSocket = socket }
             print(try ask(.reload, config: config))
         }
@@ -225,9 +230,25 @@ extension Boxkeyd {
     }
 }
 
-/// One request to the running daemon; returns its answer.
+/// One request to the running daemon; returns its answer. A file that does not load does not
+/// stop it: the running daemon keeps the settings it has, and a lost phone must be revocable
+/// before the typo is fixed. The socket is then found from the file's `[pam] socket` line if it
+/// can be read, else the default (or --socket), and the error is said.
 func ask(_ request: AdminRequest, _ options: DaemonOptions) throws -> String {
-    try ask(request, config: try options.load())
+    try ask(request, config: adminConfig(options))
+}
+
+func adminConfig(_ options: DaemonOptions) -> DaemonConfig {
+    var config: DaemonConfig
+    do { config = try DaemonConfig.load(path: options.config) } catch {
+        config = DaemonConfig()
+        if let socket = DaemonConfig.socketLine(in: options.config) { config.pamSocket = socket }
+        if let socket = options.socket { config.pamSocket = socket }
+        Console.error("boxkeyd: warning: \(error) (the running daemon keeps its settings; asking it on \(config.adminSocket))\n")
+        return config
+    }
+    if let socket = options.socket { config.pamSocket = socket }
+    return config
 }
 
 func ask(_ request: AdminRequest, config: DaemonConfig) throws -> String {

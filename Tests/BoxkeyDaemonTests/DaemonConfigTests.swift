@@ -1,4 +1,5 @@
 @testable import BoxkeyDaemon
+import Foundation
 import Testing
 
 @Suite struct DaemonConfigTests {
@@ -38,6 +39,38 @@ import Testing
         #expect(throws: DaemonConfig.Error("config line 3: [presence] rssi_return_dbm must be above rssi_lock_dbm (hysteresis)")) {
             try DaemonConfig.parse("[presence]\nrssi_lock_dbm = -60\nrssi_return_dbm = -70")
         }
+    }
+
+    @Test func aKeyAnOlderReleaseHadIsAWarningNotAFailure() throws {
+        // dpkg keeps an edited conffile across an upgrade: 0.5's key must not stop the daemon.
+        let c = try DaemonConfig.parse("[limits]\nrejected_pushes_per_phone = 4\nrejected_pushes_total = 20\n")
+        #expect(c.rejectedPushesPerPhone == 4)
+        #expect(c.warnings == ["config line 3: [limits] rejected_pushes_total is no longer used (gone since 0.5.0 (rejections are counted per phone, per user and for new phones)): ignored; take it out of the file"])
+        // A typo is still an error.
+        #expect(throws: DaemonConfig.Error("config line 2: unknown key rejected_pushes_totl in [limits]")) { try DaemonConfig.parse("[limits]\nrejected_pushes_totl = 20") }
+    }
+
+    @Test func dropInsOverrideKeysAndMayRepeatSections() throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-conf-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
+        try FileManager.default.createDirectory(atPath: folder + "/boxkeyd.conf.d", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        chmod(folder + "/boxkeyd.conf.d", 0o755)
+        let main = folder + "/boxkeyd.conf"
+        // The shipped file has every header; a drop-in repeats one.
+        try "[presence]\ngrace_s = 5\n[pam]\nsocket = \"/run/x/pam.sock\"\n".write(toFile: main, atomically: true, encoding: .utf8)
+        try "[presence]\ngrace_s = 2\n".write(toFile: folder + "/boxkeyd.conf.d/50-site.conf", atomically: true, encoding: .utf8)
+        try "[presence]\ngrace_s = 3\npolicy = \"logout\"\n".write(toFile: folder + "/boxkeyd.conf.d/90-host.conf", atomically: true, encoding: .utf8)
+        try "not a drop-in".write(toFile: folder + "/boxkeyd.conf.d/README", atomically: true, encoding: .utf8)
+        for f in [main, folder + "/boxkeyd.conf.d/50-site.conf", folder + "/boxkeyd.conf.d/90-host.conf"] { chmod(f, 0o644) }
+        let c = try DaemonConfig.load(path: main)
+        #expect(c.grace == .seconds(3) && c.policy == .logout && c.pamSocket == "/run/x/pam.sock")
+        // An error in a drop-in names the drop-in and its line.
+        try "[presence]\ngrace_s = \"two\"\n".write(toFile: folder + "/boxkeyd.conf.d/95-bad.conf", atomically: true, encoding: .utf8)
+        chmod(folder + "/boxkeyd.conf.d/95-bad.conf", 0o644)
+        #expect(throws: (any Error).self) { try DaemonConfig.load(path: main) }
+        do { _ = try DaemonConfig.load(path: main) } catch { #expect("\(error)".contains("95-bad.conf line 2")) }
+        // An admin command still finds the socket.
+        #expect(DaemonConfig.socketLine(in: main) == "/run/x/pam.sock")
     }
 
     @Test func pamServicesAreFileNames() throws {

@@ -284,3 +284,51 @@ def test_doctor_as_another_user_says_what_it_could_not_check(world):
     assert "warning permissions: not root: the daemon's socket and state cannot be checked" in out, out + r.stderr
     assert "sudo boxkeyd doctor" in out
     assert "boxkeyd: not running" not in out and "nobody answers" not in out, out
+
+
+def test_admin_commands_reach_the_running_daemon_while_the_file_has_an_error(world):
+    """Before: a typo in boxkeyd.conf stopped every admin command (exit 78), even `status
+    --socket …`, so a lost phone could not be revoked until it was fixed; and `reload` with a
+    non-default socket said "not answering on /run/boxkey/admin.sock" instead of the error."""
+    world.start_box()
+    world.pair_and_store()
+    fingerprint = json.loads(world.admin("phones", "list", "--json").stdout)[0]["fingerprint"]
+    world.config_extra = "[radio]\nadvertising_interval_ms = \"fast\"\n"  # a second [radio]: not TOML
+    r = world.admin("status")
+    assert r.returncode == 0 and "box ID:" in r.stdout and "warning:" in r.stderr and "line" in r.stderr, r.stdout + r.stderr
+    r = world.admin("phones", "revoke", "--yes", fingerprint)
+    assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
+    r = world.admin("reload")
+    assert r.returncode == 1 and "reload failed, the running settings stay" in r.stderr and "line" in r.stderr, r.stdout + r.stderr
+    assert "not answering" not in r.stderr
+
+
+def test_a_key_an_older_release_had_is_a_warning_and_the_daemon_runs(world):
+    """Before: 0.5's `rejected_pushes_total`, kept in an edited conffile across an upgrade,
+    left the daemon failed (apt said only "Could not execute systemctl")."""
+    world.config_extra = "[limits]\nrejected_pushes_total = 20\n"
+    world.start_box()
+    assert "[limits] rejected_pushes_total is no longer used" in world.box_run_output()
+    r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", world.config()], env=world.box_env, capture_output=True, text=True)
+    assert r.returncode == 0 and "OK" in r.stdout and "no longer used" in r.stderr, r.stdout + r.stderr
+    assert "no longer used" in world.admin("doctor").stdout
+
+
+def test_a_drop_in_changes_a_setting_without_touching_the_file(world):
+    """`boxkeyd.conf.d/*.conf`, as Ansible, Puppet and Salt write them: a later file's key wins,
+    and a section may appear again. Before: appending `[presence]` to the file failed
+    ("section [presence] appears twice") and there was no boxkeyd.conf.d."""
+    world.start_box()
+    folder = world.config() + ".d"
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o755)
+    with open(os.path.join(folder, "50-site.conf"), "w") as f:
+        f.write("[presence]\ngrace_s = 7\n")
+    r = world.admin("reload")
+    assert r.returncode == 0 and "grace" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([world.bins["boxkeyd"], "--check-config", "--config", world.config()], env=world.box_env, capture_output=True, text=True)
+    assert r.returncode == 0 and "50-site.conf" in r.stdout, r.stdout + r.stderr
+    with open(os.path.join(folder, "60-typo.conf"), "w") as f:
+        f.write("[presence]\ngrace = 7\n")
+    r = world.admin("reload")
+    assert r.returncode == 1 and "60-typo.conf line 2: unknown key grace in [presence]" in r.stderr, r.stdout + r.stderr

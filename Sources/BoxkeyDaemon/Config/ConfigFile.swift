@@ -42,6 +42,23 @@ struct ConfigFile {
         var description: String { "line \(line): \(message)" }
     }
 
+    /// `later` over this one: its keys replace these, its sections add to these (drop-ins).
+    mutating func merge(_ later: ConfigFile) {
+        for section in later.sections {
+            guard let i = sections.firstIndex(where: { $0.name == section.name }) else {
+                sections.append(section)
+                continue
+            }
+            for (key, entry) in section.entries {
+                if let j = sections[i].entries.firstIndex(where: { $0.key == key }) {
+                    sections[i].entries[j].entry = entry
+                } else {
+                    sections[i].entries.append((key, entry))
+                }
+            }
+        }
+    }
+
     static func parse(_ text: String) throws(SyntaxError) -> ConfigFile {
         var parser = Parser(bytes: Array(text.utf8))
         return try parser.file()

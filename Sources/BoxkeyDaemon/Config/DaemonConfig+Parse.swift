@@ -8,10 +8,24 @@ extension DaemonConfig {
     /// Parses and validates; unknown sections and keys are errors, so a typo never silently
     /// falls back to a default. Every error names the file and the line.
     public static func parse(_ text: String, source: String = "config") throws -> DaemonConfig {
-        let table: ConfigFile
-        do { table = try ConfigFile.parse(text) } catch {
+        try parse(table(text, source: source), source: source)
+    }
+
+    static func table(_ text: String, source: String) throws -> ConfigFile {
+        do { return try ConfigFile.parse(text) } catch {
             throw Error("\(source) \(error)")
         }
+    }
+
+    /// Keys earlier releases had and this one does not: a file kept across an upgrade
+    /// (dpkg keeps an edited conffile) still loads, with a warning. Any other unknown key is
+    /// still an error: a typo must not quietly fall back to a default.
+    static let retiredKeys: [String: [String: String]] = [
+        "limits": ["rejected_pushes_total": "0.5.0 (rejections are counted per phone, per user and for new phones)"],
+        "unlock": ["pam_service": "0.4.0 (the box checks with [pam] verify_service)"],
+    ]
+
+    static func parse(_ table: ConfigFile, source: String) throws -> DaemonConfig {
         var c = DaemonConfig()
         let reader = Reader(source: source)
         try reader.sections(table, allowed: ["box", "radio", "sessions", "limits", "presence", "pam", "enrolment", "unlock", "login", "fleet"])
@@ -136,12 +150,16 @@ extension DaemonConfig {
             c.maxPromptWait = try reader.seconds(t, "max_wait_s", 5...3600) ?? c.maxPromptWait
             c.enterWait = try reader.seconds(t, "enter_wait_s", 5...300) ?? c.enterWait
         }
+        c.warnings = reader.warnings
         return c
     }
 
     /// Reads typed values out of the parsed file; each error names the line it is about.
-    private struct Reader {
+    private final class Reader {
         let source: String
+        var warnings: [String] = []
+
+        init(source: String) { self.source = source }
 
         func error(_ line: Int, _ message: String) -> Error { Error("\(source) line \(line): \(message)") }
 
@@ -152,7 +170,10 @@ extension DaemonConfig {
         }
         func section(_ file: ConfigFile, _ name: String, keys: Set<String>) throws -> ConfigFile.Section? {
             guard let t = file[name] else { return nil }
-            for (key, entry) in t.entries where !keys.contains(key) { throw error(entry.line, "unknown key \(key) in [\(name)]") }
+            for (key, entry) in t.entries where !keys.contains(key) {
+                guard let since = DaemonConfig.retiredKeys[name]?[key] else { throw error(entry.line, "unknown key \(key) in [\(name)]") }
+                warnings.append("\(source) line \(entry.line): [\(name)] \(key) is no longer used (gone since \(since)): ignored; take it out of the file")
+            }
             return t
         }
         func bool(_ t: ConfigFile.Section, _ k: String) throws -> Bool? {

@@ -80,6 +80,9 @@ public struct DaemonConfig: Sendable, Equatable {
         let file = (name.hasPrefix("pam") ? "guard" + name.dropFirst(3) : name + ".guard") + ".json"
         return folder == "/" ? "/" + file : folder + "/" + file
     }
+    /// What loading the file found that is not an error (a key an older release had), for
+    /// the journal, `--check-config` and doctor.
+    public var warnings: [String] = []
     /// Who may use the PAM socket besides root (tests run unprivileged). Empty: root only.
     public var pamAllowedUIDs: [UInt32] = []
     /// How long a proximity offer stays at a prompt for Enter, and the cap on the module's
@@ -204,7 +207,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public func changes(to other: DaemonConfig) -> [String] {
         let mine = Mirror(reflecting: self).children, theirs = Mirror(reflecting: other).children
         return zip(mine, theirs).compactMap { a, b in
-            "\(a.value)" == "\(b.value)" ? nil : a.label
+            a.label == "warnings" || "\(a.value)" == "\(b.value)" ? nil : a.label
         }
     }
 
@@ -221,23 +224,74 @@ public struct DaemonConfig: Sendable, Equatable {
         init(_ d: String) { description = d }
     }
 
-    /// A missing file is every default, unless `missingIsError` (a reload: a file moved away
-    /// must not quietly widen the services and limits back to the defaults).
+    /// The drop-ins beside `path` (`boxkeyd.conf.d/*.conf`), in the order they apply: by name.
+    public static func dropIns(of path: String) -> [String] {
+        let folder = path + ".d"
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return [] }
+        return names.filter { $0.hasSuffix(".conf") && !$0.hasPrefix(".") }.sorted().map { folder + "/" + $0 }
+    }
+
+    /// The file, then its drop-ins (`boxkeyd.conf.d/*.conf`, by name: systemd's convention):
+    /// a later file's key overrides an earlier one's, and a section may appear in several
+    /// files. Each file is checked on its own first, so an error names its file and line; then
+    /// all together. A missing main file is every default (unless `missingIsError`: a reload
+    /// must not quietly widen the services and limits back to the defaults), drop-ins still
+    /// apply.
     public static func load(path: String, missingIsError: Bool = false) throws -> DaemonConfig {
-        guard FileManager.default.fileExists(atPath: path) else {
-            if missingIsError { throw Error("\(path): no such file") }
-            return DaemonConfig()
+        var files: [(path: String, text: String)] = []
+        if FileManager.default.fileExists(atPath: path) {
+            guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+                throw Error("\(path): cannot read the file")
+            }
+            if missingIsError, !text.split(separator: "\n").contains(where: { let t = String($0).trimmed; return !t.hasPrefix("#") && t.contains("=") }) {
+                // Empty, or caught half-written: not "every default".
+                throw Error("\(path): no settings in the file")
+            }
+            if let problem = ownershipProblem(path) { throw Error(problem) }
+            files.append((path, text))
+        } else if missingIsError {
+            throw Error("\(path): no such file")
         }
-        if missingIsError, let text = try? String(contentsOfFile: path, encoding: .utf8),
-           !text.split(separator: "\n").contains(where: { let t = String($0).trimmed; return !t.hasPrefix("#") && t.contains("=") }) {
-            // Empty, or caught half-written: not "every default".
-            throw Error("\(path): no settings in the file")
+        let dropIns = dropIns(of: path)
+        if !dropIns.isEmpty, let problem = ownershipProblem(path + ".d") { throw Error(problem) }
+        for file in dropIns {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw Error("\(file): cannot read the file") }
+            if let problem = ownershipProblem(file) { throw Error(problem) }
+            files.append((file, text))
         }
-        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-            throw Error("\(path): cannot read the file")
+        guard !files.isEmpty else { return DaemonConfig() }
+        var warnings: [String] = []
+        var merged = ConfigFile()
+        for file in files {
+            let table = try table(file.text, source: file.path)
+            warnings += try parse(table, source: file.path).warnings
+            merged.merge(table)
         }
-        if let problem = ownershipProblem(path) { throw Error(problem) }
-        return try parse(text, source: path)
+        guard files.count > 1 else { return try parse(files[0].text, source: path) }
+        var config = try parse(merged, source: "\(path) with \(dropIns.map { String($0.split(separator: "/").last ?? "") }.joined(separator: ", "))")
+        config.warnings = warnings
+        return config
+    }
+
+    /// `[pam] socket` as the file (or a drop-in, the last one wins) says it, read leniently
+    /// from the lines alone: an admin command finds the running daemon while the file has an
+    /// error elsewhere.
+    public static func socketLine(in path: String) -> String? {
+        var found: String?
+        for file in [path] + dropIns(of: path) {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { continue }
+            var section = ""
+            for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
+                let line = String(raw).trimmed
+                if line.hasPrefix("[") { section = String(line.dropFirst().prefix { $0 != "]" }).trimmed; continue }
+                guard section == "pam", line.hasPrefix("socket") else { continue }
+                let parts = line.split(separator: "=", maxSplits: 1)
+                guard parts.count == 2, String(parts[0]).trimmed == "socket" else { continue }
+                let value = parts[1].split(separator: "#", maxSplits: 1).first.map { String($0).trimmed } ?? ""
+                if value.count >= 2, value.first == "\"" || value.first == "'", value.last == value.first { found = String(value.dropFirst().dropLast()) }
+            }
+        }
+        return found
     }
 
     /// The configuration decides who may log in how: a file another account could write is not

@@ -246,8 +246,11 @@ struct SignalService: Service {
         }
         defer { if tellSystemd { SystemdNotify.send("READY=1") } }
         do {
-            let (changed, needRestart) = await box.reload(try load())
+            let loaded = try load()
+            for warning in loaded.warnings { logger.warning("\(warning)") }
+            let (changed, needRestart) = await box.reload(loaded)
             var text = "reloaded the configuration: \(changed.isEmpty ? "nothing to change" : "changed " + changed.joined(separator: ", "))"
+            if !loaded.warnings.isEmpty { text += "; warnings: " + loaded.warnings.joined(separator: "; ") }
             logger.notice("\(text)")
             if !needRestart.isEmpty {
                 logger.warning("not applied until boxkeyd restarts: \(needRestart.joined(separator: ", "))")
