@@ -58,7 +58,8 @@ extension BoxState {
         if ended > 0 { said += "; \(ended) session(s) ended meanwhile (logind no longer lists them)" }
         if !unanswered.isEmpty { said += "; logind did not answer for session(s) \(unanswered.joined(separator: ", ")): guarded as recorded" }
         if !waiting.isEmpty { said += "; waiting \(spokenDuration(grace)) for \(waiting.joined(separator: ", ")) to come back, else walk-away" }
-        audit(.notice, .presence, said)
+        // Said at notice only when it guards or waits for something: a quiet start stays quiet.
+        audit(kept.isEmpty && waiting.isEmpty && ended == 0 ? .info : .notice, .presence, said)
         wakeTimers()
     }
 }
