@@ -293,6 +293,32 @@ def test_walk_away_after_boxkeyd_restarts_still_ends_the_console(tty1, alice, ho
     tty1.login_prompt()
 
 
+def test_a_hung_boxkeyd_costs_a_prompt_little_and_the_watchdog_restarts_it(tty1):
+    """Before: with boxkeyd stopped (SIGSTOP), `Password:` came 1.000 s after the user name, a
+    password typed meanwhile was echoed in clear, and systemd never noticed. Now the module
+    waits 250 ms with the echo off, and the watchdog (WatchdogSec=15s) restarts the daemon."""
+    pid = inside("systemctl", "show", "-p", "MainPID", "--value", "boxkeyd").stdout.strip()
+    inside("kill", "-STOP", pid)
+    stopped = time.monotonic()
+    try:
+        waited = at_password_prompt(tty1)
+        figure("console_password_prompt_with_boxkeyd_stopped_s", round(waited, 3))
+        assert waited < 0.5, waited
+        tty1.type(PASSWORD + "\n")
+        shell(tty1)
+        log_out(tty1)
+
+        def restarted():
+            show = inside("systemctl", "show", "-p", "MainPID", "-p", "ActiveState", "boxkeyd").stdout
+            return f"MainPID={pid}\n" not in show and "ActiveState=active" in show and "MainPID=0" not in show
+        wait_for(restarted, timeout=60, what="systemd's watchdog restarting boxkeyd")
+        figure("watchdog_restart_after_sigstop_s", round(time.monotonic() - stopped, 1))
+        assert "Watchdog timeout" in inside("journalctl", "-u", "boxkeyd", "--no-pager", "-o", "cat", check=False).stdout
+    finally:
+        inside("kill", "-CONT", pid, check=False)
+    wait_for(lambda: "advertising box 4821" in journal(), timeout=30, what="the new boxkeyd advertising")
+
+
 def test_walk_away_keeps_a_console_session_when_told_to(tty1, alice):
     configure_box(presence={"grace_s": "1", "not_locked": '"keep"'})
     try:

@@ -81,7 +81,8 @@ public enum Daemon {
         // Root only, whatever [pam] allowed_uids lets onto the PAM socket.
         let admin = AdminSocket(box: box, path: config.adminSocket, logger: logger, readiness: readiness, reload: reloadNow)
         let radio = RadioSupervisor(box: box, config: config, radios: radios, logger: logger, readiness: readiness, early: early)
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader, successTerminationBehavior: .gracefullyShutdownGroup), .init(service: radio)]
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: bridge), .init(service: admin), .init(service: reloader, successTerminationBehavior: .gracefullyShutdownGroup), .init(service: radio),
+                                                                          .init(service: WatchdogService(adminSocket: config.adminSocket, logger: logger))]
         if let fleet = config.fleet {
             services.append(.init(service: FleetService(box: box, settings: fleet, stateDirectory: config.stateDirectory, logger: logger)))
         }
