@@ -332,3 +332,29 @@ def test_a_drop_in_changes_a_setting_without_touching_the_file(world):
         f.write("[presence]\ngrace = 7\n")
     r = world.admin("reload")
     assert r.returncode == 1 and "60-typo.conf line 2: unknown key grace in [presence]" in r.stderr, r.stdout + r.stderr
+
+
+def test_two_boxes_cloned_from_one_image_get_keys_and_ids_of_their_own(world):
+    """Before: the identity was made when the package was installed on the template, so every
+    clone shared its key, box ID and enrolled phones. A clone comes up with a new machine ID
+    (virt-sysprep, cloud-init, systemd-firstboot): the box then makes an identity of its own
+    and moves the image's aside."""
+    machine_id = os.path.join(world.work, "machine-id")
+    open(machine_id, "w").write("0123456789abcdef0123456789abcdef\n")
+    world.box_env["BOXKEY_MACHINE_ID_FILE"] = machine_id
+    world.start_box()
+    world.pair_and_store()
+    image = json.loads(world.admin("status", "--json").stdout)
+    world.stop_box()
+    open(machine_id, "w").write("fedcba9876543210fedcba9876543210\n")  # the clone's first boot
+    world.settings["box"].pop("id")  # an image does not set [box] id per host
+    world.start_box()
+    clone = json.loads(world.admin("status", "--json").stdout)
+    assert clone["publicKey"] != image["publicKey"] and clone["enrolledPhones"] == 0, (image, clone)
+    assert "this box was cloned from an image" in world.box_run_output()
+    aside = os.path.join(world.work, "box", "from-0123456789abcdef0123456789abcdef")
+    assert sorted(os.listdir(aside)) == ["identity", "phones.json"], os.listdir(aside)
+    # A restart of the clone keeps its own identity.
+    world.stop_box()
+    world.start_box()
+    assert json.loads(world.admin("status", "--json").stdout)["publicKey"] == clone["publicKey"]

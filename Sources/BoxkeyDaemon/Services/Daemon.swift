@@ -47,6 +47,8 @@ public enum Daemon {
         let escrow: EscrowStore
         do {
             try PrivateFiles.ensureOwnDirectory(config.stateDirectory)
+            // A box cloned from an image gets an identity of its own (MachineBinding).
+            if let cloned = try MachineBinding.check(stateDirectory: config.stateDirectory) { logger.notice("\(cloned)") }
             stored = try BoxIdentity.loadIfPresent(path: config.stateDirectory + "/identity")
             registry = try PhoneRegistry.load(directory: config.stateDirectory)
             escrow = try EscrowStore.load(directory: config.stateDirectory)
