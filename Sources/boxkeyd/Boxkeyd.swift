@@ -95,7 +95,9 @@ extension Boxkeyd {
                 for warning in config.warnings { Console.error("boxkeyd: warning: \(warning)\n") }
                 let dropIns = DaemonConfig.dropIns(of: options.config)
                 let with = dropIns.isEmpty ? "" : " (with \(dropIns.joined(separator: ", ")))"
-                print(options.fileExists ? "\(options.config)\(with): OK" : "\(options.config): no such file; every other setting has its default\(with)")
+                print(options.fileExists ? "\(options.config)\(with): OK"
+                      : dropIns.isEmpty ? "\(options.config): no such file; every setting has its default"
+                      : "\(options.config): no such file; the drop-ins\(with) are OK, every other setting has its default")
                 return
             }
             let level = Logger.Level(rawValue: logLevel)!  // checked in validate()

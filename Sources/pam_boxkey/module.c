@@ -184,7 +184,7 @@ static int converse_with_daemon(pam_handle_t *pamh, struct bk_client *c, const c
     for (int attempt = 0; attempt < MAX_EMPTY_ENTERS; attempt++) {
         if (attempt > 0) {
             char line[1024];
-            SAY(line, tr("No phone has pushed to box {box} yet: push from your phone, then press Enter — or type the password"), "box", box);
+            SAY(line, tr("No phone has pushed to box {box} yet: push, then Enter, or type the password"), "box", box);
             bk_info(pamh, line);
         }
         /* The application's own words for the password: Linux-PAM's, in its locale. */
@@ -240,10 +240,10 @@ static int offer(pam_handle_t *pamh, struct bk_client *c, const char *user, cons
     }
     /* One message: greeters that show one at a time (lightdm-gtk-greeter) keep both lines. */
     char line[1024], pairing[512], minutes[16];
-    SAY(line, tr("Box {box} — push from your phone, then press Enter here (box key {fingerprint})"), "box", r.text[0], "fingerprint", r.text[1]);
+    SAY(line, tr("Box {box}: push from your phone, then press Enter (key {fingerprint})"), "box", r.text[0], "fingerprint", r.text[1]);
     if (r.text[2][0]) {
         snprintf(minutes, sizeof minutes, "%llu", r.number < 60 ? 1ULL : ((unsigned long long)r.number + 59) / 60);
-        SAY(pairing, tr("New phone? Pairing code {code} — run: boxkey pair {box} (valid {minutes} min)"),
+        SAY(pairing, tr("New phone? Pairing code {code}: boxkey pair {box} (valid {minutes} min)"),
             "code", r.text[2], "box", r.text[0], "minutes", minutes);
         size_t used = strlen(line);
         snprintf(line + used, sizeof line - used, "\n%s", pairing);

@@ -67,7 +67,7 @@ def test_the_password_prompt_is_on_screen_at_once_and_takes_the_password(tty1):
     for _ in range(3):
         waits.append(at_password_prompt(tty1))
         screen = tty1.screen()
-        assert "Box 4821" in screen and "push from your phone, then press Enter here" in screen, screen
+        assert "Box 4821" in screen and "push from your phone, then press Enter" in screen, screen
         typed = time.monotonic()
         tty1.type(PASSWORD + "\n")
         shell(tty1)

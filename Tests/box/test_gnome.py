@@ -42,7 +42,7 @@ X_UNIT = "boxkey-test-gdm-x"  # and a number: a stopped transient unit lingers a
 # systemd is not told when a unit's cgroup empties, and a stop that waits for it takes the
 # whole TimeoutStopSec.
 QUICK_STOP = ["-p", "KillMode=process", "-p", "TimeoutStopSec=15"]
-BOX_LINE = "Box 4821 — push from your phone, then press Enter here"
+BOX_LINE = "Box 4821: push from your phone, then press Enter"
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "img")
 RUN = "/run/boxkey-test"
 

@@ -51,7 +51,7 @@ def test_greetd_asks_at_once_and_takes_a_push_with_enter(greetd, alice):
     figure("greetd_create_session_to_password_prompt_s", round(secret["t"] - asked, 3))
     assert secret["t"] - asked < 0.5
     infos = [e["auth_message"] for e in greetd.events() if e.get("auth_message_type") == "info"]
-    assert any(i.startswith("Box 4821 — push from your phone, then press Enter here") for i in infos), infos
+    assert any(i.startswith("Box 4821: push from your phone, then press Enter") for i in infos), infos
     assert "not offering phone login to greetd" not in journal()
     phone = alice.background("login")  # stays: the presence link
     assert "greetd on seat0 tty7" in alice.waits_for_enter(phone)

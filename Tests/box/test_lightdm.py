@@ -110,7 +110,7 @@ def test_the_password_prompt_comes_at_once_and_a_typed_password_logs_in(greeter)
     figure("lightdm_authenticate_to_password_prompt_s", round(prompt["t"] - asked, 3))
     assert prompt["t"] - asked < 0.5
     texts = greeter.texts()
-    assert any(t.startswith("Box 4821 — push from your phone, then press Enter here") for t in texts), texts
+    assert any(t.startswith("Box 4821: push from your phone, then press Enter") for t in texts), texts
     greeter.do("respond", text=PASSWORD)
     assert greeter.next("complete")["authenticated"] is True
     greeter.do("start", session="boxkey-test")

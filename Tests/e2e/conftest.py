@@ -566,7 +566,7 @@ class World:
         return m.group(1)
 
     def prompt_pairing_code(self, prompt, timeout=10):
-        """The code a waiting login prompt shows ("New phone? Pairing code 123456 — ...")."""
+        """The code a waiting login prompt shows ("New phone? Pairing code 123456: boxkey pair 4821 ...")."""
         wait_for(lambda: re.search(r"Pairing code (\d{6})", prompt.text()), timeout=timeout, what="the prompt's pairing code")
         return re.search(r"Pairing code (\d{6})", prompt.text()).group(1)
 
