@@ -81,7 +81,8 @@ public enum RadioDoctor {
                 report.fail("bluetoothd", "bluez is not installed: no bluetoothd on this machine",
                             do: "apt install bluez (boxkeyd opens the adapter when bluetoothd starts)")
             } else if ((try? files.contentsOfDirectory(atPath: machine.controllers)) ?? []).isEmpty {
-                report.fail("adapter", "the kernel has no Bluetooth controller (\(machine.controllers) is empty), so bluetoothd does not start",
+                let why = files.fileExists(atPath: machine.controllers) ? "\(machine.controllers) is empty" : "there is no \(machine.controllers): no Bluetooth in this kernel or container"
+                report.fail("adapter", "the kernel has no Bluetooth controller (\(why)), so bluetoothd does not start",
                             do: "plug in a Bluetooth LE adapter: bluetoothd and then boxkeyd take it up by themselves; `dmesg | grep -i bluetooth` says whether the kernel saw one")
             } else {
                 report.fail("bluetoothd", "not running (no org.bluez on the system bus), though bluez is installed and the kernel has a controller",

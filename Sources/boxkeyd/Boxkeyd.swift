@@ -38,7 +38,10 @@ struct DaemonOptions: ParsableArguments {
     func load() throws -> DaemonConfig {
         var c: DaemonConfig
         do { c = try DaemonConfig.load(path: config) } catch {
-            Console.error("boxkeyd: \(error)\n")
+            // Under systemd, standard error is the journal: "<3>" makes the line an error there
+            // (it was info, hidden by `journalctl -p warning`, boxkeyd(8)'s advice).
+            let level = ProcessInfo.processInfo.environment["JOURNAL_STREAM"] == nil ? "" : "<3>"
+            Console.error("\(level)boxkeyd: \(error)\n")
             throw ExitCode(78)   // EX_CONFIG
         }
         if let socket { c.pamSocket = socket }
