@@ -151,6 +151,9 @@ public enum PAMReply: Equatable, Sendable {
     /// (the offering phone did not push in time), `superseded` (another prompt on the same
     /// terminal took over), `shuttingDown`.
     case noPush(NoPushReason)
+    /// `noPush(.nothingYet)`, and the pairing code the prompt showed is used up or expired:
+    /// a new one to show, valid `codeSeconds`.
+    case nothingYetNewCode(pairingCode: String, codeSeconds: UInt32)
     case ok
     case error(String)
 
@@ -165,7 +168,7 @@ public enum PAMReply: Equatable, Sendable {
     }
 
     /// 0x86 was admin output, now the admin socket's (`AdminReply`).
-    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89 }
+    enum Kind: UInt8 { case prompt = 0x81, push = 0x82, noPush = 0x83, ok = 0x84, error = 0x85, notOffered = 0x87, keyLogin = 0x88, escrowCapture = 0x89, nothingYetNewCode = 0x8A }
 
     public func encode() -> [UInt8] {
         var w = WireWriter()
@@ -176,6 +179,7 @@ public enum PAMReply: Equatable, Sendable {
         case .keyLogin(let user, let ticket): w.kind(Kind.keyLogin.rawValue); w.text(user); w.text(ticket)
         case .escrowCapture(let user, let ticket): w.kind(Kind.escrowCapture.rawValue); w.text(user); w.text(ticket)
         case .noPush(let reason): w.kind(Kind.noPush.rawValue); w.u8(reason.rawValue)
+        case .nothingYetNewCode(let code, let seconds): w.kind(Kind.nothingYetNewCode.rawValue); w.text(code); w.u32(seconds)
         case .ok: w.kind(Kind.ok.rawValue)
         case .error(let m): w.kind(Kind.error.rawValue); w.text(m)
         }
@@ -228,6 +232,10 @@ public enum PAMReply: Equatable, Sendable {
             let v = try r.u8()
             guard let reason = NoPushReason(rawValue: v) else { throw .invalidValue(v) }
             reply = .noPush(reason)
+        case .nothingYetNewCode:
+            let code = try r.text()
+            guard !code.isEmpty else { throw .invalidText }
+            reply = .nothingYetNewCode(pairingCode: code, codeSeconds: try r.u32())
         case .ok: reply = .ok
         case .error: reply = .error(try r.text())
         }

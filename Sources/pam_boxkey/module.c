@@ -145,8 +145,10 @@ static int escrow_capture(pam_handle_t *pamh, struct bk_client *c, struct bk_rep
     return PAM_IGNORE; /* as after a push: the verifier after this module decides */
 }
 
-/* Enter with nothing typed: the phone's push for this prompt, if one comes. 1: ask again. */
-static int take_push(pam_handle_t *pamh, struct bk_client *c, const char *user, const struct bk_options *o, int *result) {
+/* Enter with nothing typed: the phone's push for this prompt, if one comes. 1: ask again;
+ * `pairing` then holds the line of a new pairing code, if the box made one (empty: none). */
+static int take_push(pam_handle_t *pamh, struct bk_client *c, const char *user, const struct bk_options *o, int *result,
+                     char *pairing, size_t pairing_size) {
     struct bk_reply r;
     struct bk_frame f;
     struct bk_quiet_terminal terminal;
@@ -163,6 +165,14 @@ static int take_push(pam_handle_t *pamh, struct bk_client *c, const char *user, 
     }
     int rc;
     switch (r.kind) {
+    case BK_NOTHING_YET_NEW_CODE: {
+        char minutes[16];
+        snprintf(minutes, sizeof minutes, "%llu", r.number < 60 ? 1ULL : ((unsigned long long)r.number + 59) / 60);
+        const char *const pairs[] = { "code", r.text[0], "minutes", minutes };
+        bk_say(pairing, pairing_size, tr("New pairing code {code} (valid {minutes} min): the one above is used up"), pairs, 2);
+        bk_reply_wipe(&r);
+        return 1;
+    }
     case BK_NO_PUSH:
         if (r.number == BK_NOTHING_YET || r.number == BK_TIMED_OUT) return 1;
         if (o->debug) pam_syslog(pamh, LOG_DEBUG, "no push: %u", r.number);
@@ -181,10 +191,16 @@ static int take_push(pam_handle_t *pamh, struct bk_client *c, const char *user, 
 /* The prompt with the daemon open: asks for the password, and takes a phone's push when
  * Enter is pressed with nothing typed. */
 static int converse_with_daemon(pam_handle_t *pamh, struct bk_client *c, const char *user, const char *box, const struct bk_options *o) {
+    char pairing[512] = "";
     for (int attempt = 0; attempt < MAX_EMPTY_ENTERS; attempt++) {
         if (attempt > 0) {
             char line[1024];
             SAY(line, tr("No phone has pushed to box {box} yet: push, then Enter, or type the password"), "box", box);
+            if (pairing[0]) {
+                size_t used = strlen(line);
+                snprintf(line + used, sizeof line - used, "\n%s", pairing);
+                pairing[0] = 0;
+            }
             bk_info(pamh, line);
         }
         /* The application's own words for the password: Linux-PAM's, in its locale. */
@@ -205,7 +221,7 @@ static int converse_with_daemon(pam_handle_t *pamh, struct bk_client *c, const c
         }
         bk_free_secret(answer);
         int result;
-        if (!take_push(pamh, c, user, o, &result)) return result;
+        if (!take_push(pamh, c, user, o, &result, pairing, sizeof pairing)) return result;
     }
     /* A conversation that answers Enter every time (a program without a person): give up. */
     send_cancel(c);

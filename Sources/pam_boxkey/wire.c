@@ -196,6 +196,10 @@ static enum bk_decode_error body(struct reader *r, struct bk_reply *out) {
         out->number = v;
         return BK_DECODED;
     }
+    case BK_NOTHING_YET_NEW_CODE:
+        TRY(text(r, out->text[0]));
+        if (!out->text[0][0]) return BK_INVALID_TEXT;
+        return u32(r, &out->number);
     case BK_OK:
         return BK_DECODED;
     default:

@@ -71,6 +71,7 @@ import pam_boxkey
         case Int(BK_KEY_LOGIN.rawValue): return .success(.keyLogin(user: text(0), ticket: text(1)))
         case Int(BK_ESCROW_CAPTURE.rawValue): return .success(.escrowCapture(user: text(0), ticket: text(1)))
         case Int(BK_NO_PUSH.rawValue): return .success(.noPush(.init(rawValue: UInt8(r.number))!))
+        case Int(BK_NOTHING_YET_NEW_CODE.rawValue): return .success(.nothingYetNewCode(pairingCode: text(0), codeSeconds: r.number))
         case Int(BK_OK.rawValue): return .success(.ok)
         case Int(BK_ERROR.rawValue): return .success(.error(text(0)))
         default: Issue.record("the C decoder accepted type \(r.kind)"); return .failure(.unknownType(r.kind))
@@ -101,6 +102,7 @@ import pam_boxkey
         .push(user: "жанна", password: [UInt8](repeating: 0x41, count: 512), ticket: ""),
         .keyLogin(user: "alice", ticket: "t"), .escrowCapture(user: "alice", ticket: "t"),
         .noPush(.nothingYet), .noPush(.timedOut), .noPush(.superseded), .noPush(.shuttingDown),
+        .nothingYetNewCode(pairingCode: "654321", codeSeconds: 120),
         .ok, .error("no"),
     ]
 

@@ -102,6 +102,26 @@ def test_wrong_pairing_code_fails_and_uses_one_of_three_tries_the_last_one_still
     assert r.returncode == 9 and "no pairing code" in r.stderr, r.stdout + r.stderr
 
 
+def test_enter_at_a_prompt_whose_code_is_used_up_shows_a_new_one(world):
+    """Before: a code that had used its three tries stayed on the prompt as "valid 2 min",
+    Enter did not renew it, and the phone's error promised a new one that came only at the next
+    prompt. Now Enter there answers with a new code, which pairs."""
+    world.start_box()
+    prompt = world.greeter(stdin=None)
+    shown = world.prompt_pairing_code(prompt)
+    wrong = f"{(int(shown) + 1) % 1_000_000:06d}"
+    for _ in range(3):
+        assert world.pair(wrong).returncode == 10
+    assert world.pair(shown).returncode == 9  # used up
+    prompt.type("\n")
+    wait_for(lambda: "New pairing code" in prompt.text(), what="a new code after Enter")
+    new = re.search(r"New pairing code (\d{6})", prompt.text()).group(1)
+    assert new != shown and "the one above is used up" in prompt.text()
+    r = world.pair(new)
+    assert r.returncode == 0 and "Paired with box 4821" in r.stdout, r.stdout + r.stderr
+    prompt.kill()
+
+
 def test_phone_enrolled_for_alice_cannot_push_for_bob(world):
     world.module_options = "timeout=5 answer_prompt"
     world.start_box()

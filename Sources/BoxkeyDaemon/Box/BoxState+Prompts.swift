@@ -51,7 +51,20 @@ extension BoxState {
         readvertise()
         wakeTimers()
         let seconds = code.map { UInt32(max(0, ($0.expires - now).components.seconds)) } ?? 0
+        prompts[id]!.shownCode = code?.code.text ?? ""
         return (id, .prompt(boxID: identity.boxID.description, fingerprint: identity.fingerprint, pairingCode: code?.code.text ?? "", codeSeconds: seconds))
+    }
+
+    /// Enter with no push for it: "nothing yet", with a new pairing code when the one the prompt
+    /// showed is used up (its tries) or expired, so that Enter renews it.
+    mutating func nothingYet(at id: UInt64, now: Duration) -> PromptAnswer {
+        guard let prompt = prompts[id], !prompt.shownCode.isEmpty, enrolment.current(now: now)?.code.text != prompt.shownCode,
+              let code = enrolment.codeForPrompt(user: prompt.request.expectedUser.isEmpty ? nil : prompt.request.expectedUser, now: now) else {
+            return .noPush(.nothingYet)
+        }
+        prompts[id]!.shownCode = code.code.text
+        log(.info, "a new pairing code at \(logSafe(prompt.description)): the one it showed is used up or expired")
+        return .nothingYetNewCode(code: code.code.text, seconds: UInt32(max(0, (code.expires - now).components.seconds)))
     }
 
     /// What Enter at a prompt gets now, or that it waits for the offering phone's push.
@@ -74,7 +87,7 @@ extension BoxState {
         // Only a phone that offered here is waited for: a connection alone says nothing about
         // whose push would come (anyone in range can open one), so Enter with no push or offer
         // here is answered at once.
-        guard prompt.offer != nil, giveIntent(id, now: now) else { return .answer(.noPush(.nothingYet)) }
+        guard prompt.offer != nil, giveIntent(id, now: now) else { return .answer(nothingYet(at: id, now: now)) }
         prompts[id]!.deadline = now + min(wait, config.maxPromptWait, config.commandTimeout)
         log(.info, "Enter at \(logSafe(prompt.description)): the offering phone pushes now")
         prompts[id]!.entered = true

@@ -12,12 +12,15 @@ public enum PromptAnswer: Sendable {
     /// it once the stack accepted it.
     case escrowCapture(user: String, ticket: String)
     case noPush(PAMReply.NoPushReason)
+    /// No push yet, and the pairing code the prompt showed is used up or expired: this one
+    /// replaces it (the module says it with "No phone has pushed").
+    case nothingYetNewCode(code: String, seconds: UInt32)
 
     /// The pushed user, if a push came.
     public var pushedUser: String? {
         switch self {
         case .push(let user, _, _), .keyLogin(let user, _), .escrowCapture(let user, _): user
-        case .noPush: nil
+        case .noPush, .nothingYetNewCode: nil
         }
     }
 }

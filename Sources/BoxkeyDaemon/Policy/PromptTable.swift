@@ -34,6 +34,8 @@ public struct PromptTable: Sendable {
         /// A proximity offer shown at this prompt: only that phone may push here, for that
         /// user, and only after the person asked (`intent`).
         public var offer: Offer?
+        /// The pairing code the prompt last showed (empty: none).
+        public var shownCode = ""
 
         /// "lightdm on seat0 :0", "login on tty2": what the phone prints.
         public var description: String {

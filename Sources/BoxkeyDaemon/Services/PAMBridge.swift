@@ -73,6 +73,8 @@ public struct PAMBridge: Service, CustomStringConvertible {
                 try await outbound.write(ByteBuffer(bytes: reply.encode()))
             case .answer(.noPush(let reason)):
                 try await outbound.write(ByteBuffer(bytes: PAMReply.noPush(reason).encode()))
+            case .answer(.nothingYetNewCode(let code, let seconds)):
+                try await outbound.write(ByteBuffer(bytes: PAMReply.nothingYetNewCode(pairingCode: code, codeSeconds: seconds).encode()))
             case .answer(.escrowCapture(let user, let ticket)):
                 try await outbound.write(ByteBuffer(bytes: PAMReply.escrowCapture(user: user, ticket: ticket).encode()))
             case .answer(.keyLogin(let user, let ticket)):

@@ -29,6 +29,9 @@ enum bk_verdict { BK_REJECTED = 0, BK_ACCEPTED = 1, BK_ACCEPTED_OTHER = 2 };
 enum bk_reply_kind {
     BK_PROMPT = 0x81, BK_PUSH = 0x82, BK_NO_PUSH = 0x83, BK_OK = 0x84, BK_ERROR = 0x85,
     BK_NOT_OFFERED = 0x87, BK_KEY_LOGIN = 0x88, BK_ESCROW_CAPTURE = 0x89,
+    /* Nothing yet, and a new pairing code (text[0]) for number seconds: the one the prompt
+     * showed is used up or expired. */
+    BK_NOTHING_YET_NEW_CODE = 0x8A,
 };
 
 enum bk_no_push { BK_TIMED_OUT = 0, BK_SUPERSEDED = 1, BK_SHUTTING_DOWN = 2, BK_NOTHING_YET = 3 };
