@@ -21,16 +21,19 @@ struct WatchdogService: Service {
             return
         }
         let period = Duration.microseconds(Int64(usec) / 3)
-        var failing = false
+        // Until the socket first answers the daemon is starting (systemd arms the watchdog at
+        // READY=1): nothing to say about it then.
+        var started = false, failing = false
         while !Task.isCancelled, !Task.isShuttingDownGracefully {
             let answered = await roundTrip(within: period)
             if answered {
                 SystemdNotify.send("WATCHDOG=1")
                 if failing { logger.notice("the admin socket answers again: the watchdog is fed") }
-            } else if !failing {
+                started = true
+            } else if started, !failing {
                 logger.warning("the admin socket did not answer within \(spokenDuration(period)): not feeding systemd's watchdog")
             }
-            failing = !answered
+            failing = started && !answered
             _ = try? await cancelOnGracefulShutdown { try await Task.sleep(for: period) }
         }
     }
