@@ -519,7 +519,7 @@ def test_json_outputs_parse(world, agents):
     world.start_box()
     world.pair_and_store()
     status = json.loads(world.phone("status", "--json").stdout)
-    stored = {"credentials": "stored", "pin": False, "failures": 0, "problem": None, "user": "alice", "kind": "password"}
+    stored = {"credentials": "stored", "pin": False, "failures": 0, "lockedUntil": None, "problem": None, "user": "alice", "kind": "password"}
     assert status["vault"] == stored
     assert [b["id"] for b in status["boxes"]] == ["4821"] and status["boxes"][0]["isDefault"] is True
     assert re.fullmatch(r"[0-9a-f]{64}", status["phoneKey"])

@@ -287,7 +287,7 @@ def test_a_pending_phone_cannot_hold_alices_prompt_against_her_own_phone(world):
     alice = world.phone_background("login", "--no-stay")
     wait_for(lambda: "Press Enter" in open(alice.log).read(), timeout=20, what="alice's push held instead")
     assert mallory.wait(10) == 8, open(mallory.log).read()
-    assert "a phone enrolled for alice pushed to the same prompt" in world.box_output()
+    assert "a phone enrolled for alice came to the same prompt" in world.box_output()
     prompt.type("\n")
     code, out = world.finish(prompt)
     assert code == 0 and alice.wait(20) == 0, out + open(alice.log).read()
