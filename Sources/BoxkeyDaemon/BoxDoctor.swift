@@ -242,7 +242,7 @@ public enum BoxDoctor {
             }
             report.ok("boxkeyd", "answering on \(socket): box \(status.boxID), \(status.radio), \(status.enrolledPhones) phone(s) enrolled")
         } catch {
-            report.fail("boxkeyd", "\(socket) is there but nobody answers (\(error)): the daemon was killed or hangs; every password prompt with pam_boxkey waits 250 ms for it, then the password alone works; systemd's watchdog restarts a hung daemon within about 20 s",
+            report.fail("boxkeyd", "\(socket) is there but nobody answers (\(error)): the daemon was killed or hangs; every password prompt with pam_boxkey waits 500 ms for it, then the password alone works; systemd's watchdog restarts a hung daemon within about 20 s",
                         do: "systemctl restart boxkeyd; journalctl -u boxkeyd -b shows its last words")
         }
         return report

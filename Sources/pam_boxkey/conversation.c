@@ -195,12 +195,17 @@ static int parse_timeout(const char *s) {
 void bk_options_parse(struct bk_options *o, pam_handle_t *pamh, int argc, const char **argv) {
     memset(o, 0, sizeof *o);
     o->timeout_seconds = 10;
+    o->first_answer_ms = BK_FIRST_ANSWER_MS;
     o->socket = "/run/boxkey/pam.sock";
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!arg) continue;
         if (strncmp(arg, "timeout=", 8) == 0) o->timeout_seconds = parse_timeout(arg + 8);
         else if (strncmp(arg, "socket=", 7) == 0 && arg[7]) o->socket = arg + 7; /* too long: connect fails */
+        else if (strncmp(arg, "first_answer_ms=", 16) == 0) {
+            long ms = strtol(arg + 16, NULL, 10);
+            o->first_answer_ms = ms < 100 ? 100 : ms > 5000 ? 5000 : (int)ms;
+        }
         else if (strcmp(arg, "debug") == 0) o->debug = 1;
         else if (strcmp(arg, "ignore_unavailable") == 0) o->ignore_unavailable = 1;
         else if (strcmp(arg, "answer_prompt") == 0) o->answer_prompt = 1;

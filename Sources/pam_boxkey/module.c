@@ -18,12 +18,6 @@
         bk_say(out, sizeof out, msgid, pairs_, (int)(sizeof pairs_ / sizeof *pairs_) / 2); \
     } while (0)
 
-/* How long the daemon has to say whether phone login is offered here. A healthy daemon
- * answers in milliseconds: 1.2 ms median, 14 ms at p99.9 with 16 programs opening prompts at
- * once on 2 cores (scripts/bench, figure 6c). A slower one (hung, logind not answering) is
- * skipped, and this is all a hung daemon costs each prompt until systemd's watchdog restarts
- * it; a skipped prompt is password-only, never locked. */
-enum { FIRST_ANSWER_MS = 250 };
 /* Enters with nothing typed and no phone before the module leaves the prompt to the stack. */
 enum { MAX_EMPTY_ENTERS = 5 };
 
@@ -244,7 +238,7 @@ static int offer(pam_handle_t *pamh, struct bk_client *c, const char *user, cons
      * show on the screen; what is typed stays in the terminal's buffer. */
     struct bk_quiet_terminal terminal;
     bk_quiet_terminal_begin(&terminal, bk_item(pamh, PAM_TTY));
-    if (e == BK_CLIENT_OK) e = bk_client_receive(c, FIRST_ANSWER_MS, &r);
+    if (e == BK_CLIENT_OK) e = bk_client_receive(c, o->first_answer_ms, &r);
     bk_quiet_terminal_end(&terminal, 0);
     if (e != BK_CLIENT_OK) {
         if (o->debug) pam_syslog(pamh, LOG_DEBUG, "boxkeyd: %s", bk_client_error_text(c, e));

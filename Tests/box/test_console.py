@@ -296,14 +296,14 @@ def test_walk_away_after_boxkeyd_restarts_still_ends_the_console(tty1, alice, ho
 def test_a_hung_boxkeyd_costs_a_prompt_little_and_the_watchdog_restarts_it(tty1):
     """Before: with boxkeyd stopped (SIGSTOP), `Password:` came 1.000 s after the user name, a
     password typed meanwhile was echoed in clear, and systemd never noticed. Now the module
-    waits 250 ms with the echo off, and the watchdog (WatchdogSec=15s) restarts the daemon."""
+    waits 500 ms with the echo off, and the watchdog (WatchdogSec=15s) restarts the daemon."""
     pid = inside("systemctl", "show", "-p", "MainPID", "--value", "boxkeyd").stdout.strip()
     inside("kill", "-STOP", pid)
     stopped = time.monotonic()
     try:
         waited = at_password_prompt(tty1)
         figure("console_password_prompt_with_boxkeyd_stopped_s", round(waited, 3))
-        assert waited < 0.5, waited
+        assert waited < 0.8, waited
         tty1.type(PASSWORD + "\n")
         shell(tty1)
         log_out(tty1)
