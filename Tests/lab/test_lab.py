@@ -22,6 +22,11 @@ def bluetoothctl_sees_box():
     return f"Device {BOX}" in out, out
 
 
+# The protocol version the sources speak (Sources/BoxkeyCore/Protocol/BoxkeyProtocol.swift).
+with open(os.path.join(HERE, "..", "..", "Sources", "BoxkeyCore", "Protocol", "BoxkeyProtocol.swift")) as _f:
+    PROTOCOL = int(re.search(r"static let version: UInt8 = (\d+)", _f.read()).group(1))
+
+
 def test_boxkey_over_bluez(world):
     world.start_box()
     assert "BlueZ adapter hci0" in world.box_output()
@@ -37,9 +42,10 @@ def test_boxkey_over_bluez(world):
     assert r.returncode == 0, r.stdout + r.stderr
     probe = json.loads(r.stdout.strip().splitlines()[-1])
     assert probe["address"] == BOX and probe["service_found"] and probe["info_bytes"] > 0
-    # The box refused the envelope on the probe's channel (a refusal: version 4, kind 4).
-    assert probe["answers"] and probe["answers"][0].startswith("b00b1e55" + "00" + "0005" + "0404"), probe
-    wait_for(lambda: "unsupportedVersion" in world.box_output(), what="the box logging the refusal")
+    # The box refused the envelope on the probe's channel (a refusal envelope: the box's own
+    # protocol version, kind 4).
+    assert probe["answers"] and probe["answers"][0].startswith("b00b1e55" + "00" + "0005" + f"{PROTOCOL:02x}04"), probe
+    wait_for(lambda: "another protocol version" in world.box_output(), what="the box logging the refusal")
 
     # The daemon kept serving: the same phone logs in again, and the timing pair is taken now.
     second_s, second_out = login(world)
