@@ -140,10 +140,7 @@ extension Boxkeyd {
         func run() throws {
             // A file that does not load is the daemon's to report (and to keep for status):
             // the socket is found from the defaults and --socket then.
-            var config = (try? DaemonConfig.load(path: options.config)) ?? DaemonConfig()
-            if (try? DaemonConfig.load(path: options.config)) == nil, let socket = DaemonConfig.socketLine(in: options.config) { config.pamSocket = socket }
-            if let socket = options.socket { config.pamSocket = socket }
-            print(try ask(.reload, config: config))
+            print(try ask(.reload, config: adminConfig(options, warn: false)))
         }
     }
 
@@ -243,16 +240,18 @@ func ask(_ request: AdminRequest, _ options: DaemonOptions) throws -> String {
     try ask(request, config: adminConfig(options))
 }
 
-func adminConfig(_ options: DaemonOptions) -> DaemonConfig {
-    var config: DaemonConfig
+/// `warn`: say the file's error (`reload` does not: the daemon answers with it).
+func adminConfig(_ options: DaemonOptions, warn: Bool = true) -> DaemonConfig {
+    var config = DaemonConfig()
+    var problem: (any Error)?
     do { config = try DaemonConfig.load(path: options.config) } catch {
-        config = DaemonConfig()
+        problem = error
         if let socket = DaemonConfig.socketLine(in: options.config) { config.pamSocket = socket }
-        if let socket = options.socket { config.pamSocket = socket }
-        Console.error("boxkeyd: warning: \(error) (the running daemon keeps its settings; asking it on \(config.adminSocket))\n")
-        return config
     }
     if let socket = options.socket { config.pamSocket = socket }
+    if warn, let problem {
+        Console.error("boxkeyd: warning: \(problem) (the running daemon keeps its settings; asking it on \(config.adminSocket))\n")
+    }
     return config
 }
 

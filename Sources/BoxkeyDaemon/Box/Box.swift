@@ -32,6 +32,8 @@ public actor Box {
     /// Where what the box guards is kept for the next daemon (`resume`), and what it last wrote.
     var guardFile: GuardFile?
     var savedGuard: GuardRecord?
+    /// `state.guardVersion` when the record was last built.
+    var checkedGuardVersion: UInt64 = 0
     var guardWriteFailed = false
     public nonisolated let identity: BoxIdentity
     let sessions: any SessionControl
@@ -132,7 +134,8 @@ public actor Box {
     /// Writes the guarded state when it changed. A failed write (a full /run) is said once,
     /// and tried again at the next change: this daemon still guards all it knows.
     private func keepGuardRecord() {
-        guard let guardFile else { return }
+        guard let guardFile, state.guardVersion != checkedGuardVersion || savedGuard == nil else { return }
+        checkedGuardVersion = state.guardVersion
         let record = state.guardRecord
         guard record != savedGuard else { return }
         // Not yet made (the PAM bridge makes the socket's folder): nothing was guarded before,

@@ -100,9 +100,9 @@ struct BoxState {
     var prompts = PromptTable()
     /// Prompts where Enter waits for a phone's push (the actor holds their continuations).
     var waiting: Set<UInt64> = []
-    var registered = SessionRegistry()
+    var registered = SessionRegistry() { didSet { guardVersion &+= 1 } }
     /// Users whose session the box locked: a phone must push again (unlock), not just attach.
-    var lockedUsers: Set<String> = []
+    var lockedUsers: Set<String> = [] { didSet { guardVersion &+= 1 } }
     /// The fleet directory's phones as last read (nil: no `[fleet]`, or never read).
     var fleetRoster: FleetRoster?
     var fleetHealth = FleetHealth()
@@ -111,8 +111,11 @@ struct BoxState {
     var fleetCredentials: [UInt8] = []
 
     // Presence
-    var presences: [CentralID: PresenceMonitor] = [:]
-    var graces: [PublicKey: Grace] = [:]
+    var presences: [CentralID: PresenceMonitor] = [:] { didSet { guardVersion &+= 1 } }
+    var graces: [PublicKey: Grace] = [:] { didSet { guardVersion &+= 1 } }
+    /// Counts changes to what `guardRecord` is made of: `Box` builds and compares the record
+    /// only when it moved, so the radio's events (most changes) cost nothing there.
+    private(set) var guardVersion: UInt64 = 0
 
     // Limits
     /// Failed or stalled handshakes, and unknown keys, per radio address: a flooding address

@@ -262,12 +262,14 @@ public struct DaemonConfig: Sendable, Equatable {
         guard !files.isEmpty else { return DaemonConfig() }
         var warnings: [String] = []
         var merged = ConfigFile()
+        var only: DaemonConfig?
         for file in files {
             let table = try table(file.text, source: file.path)
-            warnings += try parse(table, source: file.path).warnings
+            only = try parse(table, source: file.path)
+            warnings += only!.warnings
             merged.merge(table)
         }
-        guard files.count > 1 else { return try parse(files[0].text, source: path) }
+        if files.count == 1, let only { return only }
         var config = try parse(merged, source: "\(path) with \(dropIns.map { String($0.split(separator: "/").last ?? "") }.joined(separator: ", "))")
         config.warnings = warnings
         return config
