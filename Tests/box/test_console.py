@@ -40,6 +40,18 @@ def shell(tty, user="alice", timeout=10.0):
                     what=lambda: f"{user}'s shell on tty{tty.n}; the screen:\n{tty.screen()}")
 
 
+def logged_in_by_phone(tty, alice):
+    """alice at `tty` by phone (push, then Enter there), the phone staying as the presence
+    link: its `boxkey login`, returned."""
+    at_password_prompt(tty)
+    phone = alice.background("login")
+    alice.waits_for_enter(phone)
+    tty.type("\n")
+    shell(tty)
+    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    return phone
+
+
 def log_out(tty):
     tty.type("exit\n")
     tty.login_prompt()
@@ -219,12 +231,7 @@ def test_a_phone_that_leaves_before_enter_takes_its_push_with_it(tty1, alice):
 
 
 def test_walk_away_ends_a_console_session_that_nothing_can_lock(tty1, alice):
-    at_password_prompt(tty1)
-    phone = alice.background("login")  # stays: the presence link
-    alice.waits_for_enter(phone)
-    tty1.type("\n")
-    shell(tty1)
-    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    phone = logged_in_by_phone(tty1, alice)
     [sid] = sessions_of("alice")
     left = time.monotonic()
     inside("pkill", "-KILL", "-f", "boxkey login", check=False)  # the phone is gone, as out of range
@@ -240,12 +247,7 @@ def test_walk_away_ends_a_console_session_that_nothing_can_lock(tty1, alice):
 def test_boxkey_lock_on_a_console_says_it_cannot_and_ends_nothing(tty1, alice):
     """A console follows no Lock: `boxkey lock` says so (exit 19) after the box's confirm
     wait, and ends nothing: the shell stays, the presence link stays up and guarding."""
-    at_password_prompt(tty1)
-    phone = alice.background("login")
-    alice.waits_for_enter(phone)
-    tty1.type("\n")
-    shell(tty1)
-    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    phone = logged_in_by_phone(tty1, alice)
     [sid] = sessions_of("alice")
     asked = time.monotonic()
     r = alice("lock")
@@ -269,12 +271,7 @@ def test_walk_away_after_boxkeyd_restarts_still_ends_the_console(tty1, alice, ho
     """`systemctl restart`, `dpkg -i` of the packages (what an upgrade does to the unit) and a
     crash (Restart=on-failure) while the phone guards a console: the new daemon takes up the
     session (guard.json in /run/boxkey), the phone attaches again, and walking away ends it."""
-    at_password_prompt(tty1)
-    phone = alice.background("login")
-    alice.waits_for_enter(phone)
-    tty1.type("\n")
-    shell(tty1)
-    wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+    phone = logged_in_by_phone(tty1, alice)
     [sid] = sessions_of("alice")
     if how == "restart":
         inside("systemctl", "restart", "boxkeyd")
@@ -322,12 +319,7 @@ def test_a_hung_boxkeyd_costs_a_prompt_little_and_the_watchdog_restarts_it(tty1)
 def test_walk_away_keeps_a_console_session_when_told_to(tty1, alice):
     configure_box(presence={"grace_s": "1", "not_locked": '"keep"'})
     try:
-        at_password_prompt(tty1)
-        phone = alice.background("login")
-        alice.waits_for_enter(phone)
-        tty1.type("\n")
-        shell(tty1)
-        wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
+        phone = logged_in_by_phone(tty1, alice)
         inside("pkill", "-KILL", "-f", "boxkey login", check=False)
         phone.wait(10)
         wait_for(lambda: "it is still open ([presence] not_locked = keep)" in journal(), timeout=20, what="the box to say so")

@@ -560,6 +560,17 @@ class World:
         wait_for(lambda: "Staying connected" in open(p.log).read(), what="presence link")
         return p
 
+    def console_guarded_by_phone(self):
+        """A box with alice's phone; she logs in at a text console (session 42, nothing on it
+        follows Lock) by phone, which stays as the presence link: returned."""
+        self.start_box()
+        self.pair_and_store()
+        self.logind.without_locker("42")
+        greeter = self.greeter("authenticate", "open_session")
+        holder = self.staying_login()
+        assert self.finish(greeter)[0] == 0
+        return holder
+
     def pairing_code(self, user=None):
         """A code minted by the box's admin: `boxkeyd pair-code [--user USER]`."""
         r = self.admin("pair-code", *(["--user", user] if user else []))

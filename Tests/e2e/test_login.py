@@ -250,12 +250,7 @@ def test_lock_of_a_session_nothing_can_lock_says_so_and_never_ends_it(world):
     answer. The lock must end nothing: no TerminateSession, the holder's link stays up and
     guarding (walking away still ends the session), and the holder does not spin."""
     world.settings["presence"]["lock_confirm_s"] = 8
-    world.start_box()
-    world.pair_and_store()
-    world.logind.without_locker("42")
-    greeter = world.greeter("authenticate", "open_session")
-    holder = world.staying_login()
-    assert world.finish(greeter)[0] == 0
+    holder = world.console_guarded_by_phone()
     cpu_before = process_cpu_seconds(holder.pid)
     started = time.monotonic()
     r = world.phone("lock")
@@ -284,12 +279,7 @@ def test_walk_away_after_a_box_restart_ends_the_console_the_phone_opened(world, 
     """The daemon restarts (an upgrade, `systemctl restart`) or crashes while alice's phone
     guards her console: the new daemon takes up the session and its phone (guard.json), the
     phone attaches again, and walking away then ends the console as it would have before."""
-    world.start_box()
-    world.pair_and_store()
-    world.logind.without_locker("42")
-    greeter = world.greeter("authenticate", "open_session")
-    holder = world.staying_login()
-    assert world.finish(greeter)[0] == 0
+    holder = world.console_guarded_by_phone()
     if how == "crash":
         world.box_process.kill()
         world.box_process.wait(10)
@@ -309,12 +299,7 @@ def test_walk_away_after_a_box_restart_ends_the_console_the_phone_opened(world, 
 def test_a_phone_that_left_while_the_box_was_down_is_a_walk_away(world):
     """The phone goes while no daemon runs: the new daemon gives it its grace time to come
     back, then walks it away (here: ends the console it opened)."""
-    world.start_box()
-    world.pair_and_store()
-    world.logind.without_locker("42")
-    greeter = world.greeter("authenticate", "open_session")
-    holder = world.staying_login()
-    assert world.finish(greeter)[0] == 0
+    holder = world.console_guarded_by_phone()
     world.stop_box()
     holder.kill()
     holder.wait(10)

@@ -15,18 +15,11 @@ import dbus
 import pytest
 
 from conftest import PASSWORD, PASSWORDS, USERS, wait_for
-from test_phone import PIN, Agents, with_pin
+from test_phone import PIN, agents, with_pin  # noqa: F401 (agents: the fixture)
 
 
 def log_of(p):
     return open(p.log).read()
-
-
-@pytest.fixture
-def agents(world):
-    a = Agents(world)
-    yield a
-    a.stop()
 
 
 # --- lock paths -------------------------------------------------------------------------------
@@ -195,12 +188,7 @@ def test_a_logind_hiccup_at_restart_does_not_lose_the_guarded_console(world):
     written again at once without it: when logind answers a second later, the console the
     phone opened is gone from the record for good. The phone attaches again, and walking away
     then only locks (nothing locks a console) and never ends it."""
-    world.start_box()
-    world.pair_and_store()
-    world.logind.without_locker("42")
-    greeter = world.greeter("authenticate", "open_session")
-    holder = world.staying_login()
-    assert world.finish(greeter)[0] == 0
+    holder = world.console_guarded_by_phone()
     world.stop_box()
     world.logind.manager.AddMethod("org.freedesktop.login1.Manager", "GetSession", "s", "o", GET_SESSION_FAILING,
                                    dbus_interface=world.logind.MOCK)
