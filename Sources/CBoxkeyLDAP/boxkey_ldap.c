@@ -5,10 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include "boxkey_ldap.h"
 #include "ldap_calls.h"
+
+/* Round trips of one paged search, at most. */
+#define BOXKEY_LDAP_MAX_PAGES 2000
 
 static int fail(int rc, LDAP *ld, const char *what, char *err, size_t err_len) {
     char *diagnostic = NULL;
@@ -30,15 +34,30 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
     if (rc != LDAP_SUCCESS) return fail(rc, NULL, "bad directory URI", err, err_len);
     int version = LDAP_VERSION3, demand = LDAP_OPT_X_TLS_DEMAND, zero = 0;
     struct timeval timeout = { timeout_s, 0 };
-    ldap_set_option(ld, LDAP_OPT_PROTOCOL_VERSION, &version);
-    ldap_set_option(ld, LDAP_OPT_REFERRALS, LDAP_OPT_OFF);
-    ldap_set_option(ld, LDAP_OPT_NETWORK_TIMEOUT, &timeout);
-    ldap_set_option(ld, LDAP_OPT_TIMEOUT, &timeout);
-    /* The server's certificate is always checked (never "allow" or "never"). */
-    ldap_set_option(ld, LDAP_OPT_X_TLS_REQUIRE_CERT, &demand);
-    /* A new TLS context does not take ldap.conf's TLS_CACERT: name the system's store. */
-    ldap_set_option(ld, LDAP_OPT_X_TLS_CACERTFILE, ca_file && *ca_file ? ca_file : "/etc/ssl/certs/ca-certificates.crt");
-    ldap_set_option(ld, LDAP_OPT_X_TLS_NEWCTX, &zero);
+    /* Every option is checked: a TLS setting that did not take (the certificate not checked,
+       the wrong CA) must fail the open, never leave a connection weaker than configured. */
+    struct { int option; const void *value; const char *what; } options[] = {
+        { LDAP_OPT_PROTOCOL_VERSION, &version, "LDAPv3" },
+        { LDAP_OPT_REFERRALS, LDAP_OPT_OFF, "no referrals" },
+        { LDAP_OPT_NETWORK_TIMEOUT, &timeout, "the network timeout" },
+        { LDAP_OPT_TIMEOUT, &timeout, "the timeout" },
+        /* The server's certificate is always checked (never "allow" or "never"). */
+        { LDAP_OPT_X_TLS_REQUIRE_CERT, &demand, "TLS: demand a valid certificate" },
+        /* A new TLS context does not take ldap.conf's TLS_CACERT: name the system's store. */
+        { LDAP_OPT_X_TLS_CACERTFILE, ca_file && *ca_file ? ca_file : "/etc/ssl/certs/ca-certificates.crt", "TLS: the CA file" },
+        { LDAP_OPT_X_TLS_NEWCTX, &zero, "TLS: a new context (is the CA file readable?)" },
+    };
+    /* ldapi:// without StartTLS uses no TLS: its options are not set (nor the CA file needed). */
+    size_t count = starttls || strncasecmp(uri, "ldaps://", 8) == 0 ? sizeof options / sizeof *options : 4;
+    for (size_t i = 0; i < count; i++) {
+        if (ldap_set_option(ld, options[i].option, options[i].value) != LDAP_OPT_SUCCESS) {
+            char what[160];
+            snprintf(what, sizeof what, "cannot set %s", options[i].what);
+            fail(LDAP_PARAM_ERROR, ld, what, err, err_len);
+            ldap_unbind_ext_s(ld, NULL, NULL);
+            return LDAP_PARAM_ERROR;
+        }
+    }
     if (starttls) {
         rc = ldap_start_tls_s(ld, NULL, NULL);
         if (rc != LDAP_SUCCESS) { fail(rc, ld, "StartTLS failed", err, err_len); ldap_unbind_ext_s(ld, NULL, NULL); return rc; }
@@ -54,24 +73,27 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
     return 0;
 }
 
-/* NUL-terminated copies of a value list (NULL-terminated); NULL if out of memory. */
-static char **copy_values(struct berval **values) {
-    int count = ldap_count_values_len(values);
-    char **out = calloc((size_t)count + 1, sizeof(char *));
-    for (int i = 0; out && i < count; i++) {
-        out[i] = malloc(values[i]->bv_len + 1);
-        if (!out[i]) { for (int j = 0; j < i; j++) free(out[j]); free(out); return NULL; }
-        /* A NUL inside a value would cut it short (`alice\0x` read as `alice`): it becomes DEL,
-           which no login name or phone key takes. */
-        for (ber_len_t k = 0; k < values[i]->bv_len; k++) out[i][k] = values[i]->bv_val[k] ? values[i]->bv_val[k] : 0x7f;
-        out[i][values[i]->bv_len] = 0;
-    }
-    return out;
-}
-
 static void free_values(char **values) {
     for (int i = 0; values && values[i]; i++) free(values[i]);
     free(values);
+}
+
+/* NUL-terminated copies of a value list (NULL-terminated); NULL if out of memory. */
+static char **copy_values(struct berval **values) {
+    int count = ldap_count_values_len(values);
+    if (count < 0) count = 0;
+    char **out = calloc((size_t)count + 1, sizeof(char *));
+    if (!out) return NULL;
+    for (int i = 0; i < count; i++) {
+        char *copy = malloc(values[i]->bv_len + 1);
+        if (!copy) { free_values(out); return NULL; }
+        /* A NUL inside a value would cut it short (`alice\0x` read as `alice`): it becomes DEL,
+           which no login name or phone key takes. */
+        for (ber_len_t k = 0; k < values[i]->bv_len; k++) copy[k] = values[i]->bv_val[k] ? values[i]->bv_val[k] : 0x7f;
+        copy[values[i]->bv_len] = 0;
+        out[i] = copy;
+    }
+    return out;
 }
 
 /* Hands one entry to `each` (a search) or `change` (a sync stream, with its state and UUID).
@@ -112,6 +134,13 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
     int rc = LDAP_SUCCESS, stop = 0;
     *requests = 0;
     do {
+        /* A server that answers every page with a cookie (and few entries, or none) would keep
+           the box paging for ever: a roster takes 200 pages at most at the size asked. */
+        if (*requests >= BOXKEY_LDAP_MAX_PAGES) {
+            snprintf(err, err_len, "search failed: the directory was still paging after %d pages", BOXKEY_LDAP_MAX_PAGES);
+            rc = LDAP_SIZELIMIT_EXCEEDED;
+            break;
+        }
         LDAPControl *page = NULL, *controls[2] = { NULL, NULL };
         if (page_size > 0) {
             rc = ldap_create_page_control(ld, page_size, cookie, 1, &page);
@@ -218,17 +247,33 @@ int boxkey_ldap_sync_start(boxkey_ldap *handle, const char *base, const char *fi
     return 0;
 }
 
-/* An entry of the stream: its state and entryUUID from the Sync State control. */
+/* A BER reader over a control's or message's value: NULL when there is none or it is empty
+   (liblber reads an empty one from a NULL buffer, and aborts on a NULL value). */
+static BerElement *reader(const struct berval *value) {
+    return value && value->bv_val && value->bv_len > 0 ? ber_init((struct berval *)value) : NULL;
+}
+
+/* Whether the reader has read its value to the end: anything after the last field is garbage. */
+static int read_whole(BerElement *ber) {
+    ber_len_t left = 1;
+    return ber_get_option(ber, LBER_OPT_REMAINING_BYTES, &left) == LBER_OPT_SUCCESS && left == 0;
+}
+
+/* An entry of the stream: its state and entryUUID from the Sync State control
+   (syncStateValue ::= SEQUENCE { state ENUMERATED, entryUUID OCTET STRING (16), cookie OPTIONAL }). */
 static int sync_entry(LDAP *ld, LDAPMessage *msg, const char *names_attr, const char *values_attr,
                       boxkey_ldap_sync_change change, void *context, char *err, size_t err_len) {
     LDAPControl **controls = NULL;
-    ldap_get_entry_controls(ld, msg, &controls);
+    if (ldap_get_entry_controls(ld, msg, &controls) != LDAP_SUCCESS) controls = NULL;
     LDAPControl *control = ldap_control_find(LDAP_CONTROL_SYNC_STATE, controls, NULL);
-    BerElement *ber = control ? ber_init(&control->ldctl_value) : NULL;
+    BerElement *ber = control ? reader(&control->ldctl_value) : NULL;
     ber_int_t state = -1;
     struct berval uuid = { 0, NULL };
-    int rc = 0;
-    if (!ber || ber_scanf(ber, "{em", &state, &uuid) == LBER_ERROR || uuid.bv_len != 16 || state < LDAP_SYNC_PRESENT || state > LDAP_SYNC_DELETE) {
+    ber_len_t len = 0;
+    int rc = 0, valid = ber && ber_scanf(ber, "{em", &state, &uuid) != LBER_ERROR && uuid.bv_len == 16 &&
+                        state >= LDAP_SYNC_PRESENT && state <= LDAP_SYNC_DELETE;
+    if (valid && ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) valid = ber_scanf(ber, "x") != LBER_ERROR;
+    if (!valid || !read_whole(ber)) {
         snprintf(err, err_len, "content synchronisation: an entry without a valid sync state");
         rc = LDAP_PROTOCOL_ERROR;
     } else if (hand_over(ld, msg, names_attr, values_attr, state, (const unsigned char *)uuid.bv_val, NULL, change, context) < 0) {
@@ -240,34 +285,50 @@ static int sync_entry(LDAP *ld, LDAPMessage *msg, const char *names_attr, const 
     return rc;
 }
 
-/* A Sync Info message: the end of the refresh, or a set of entries deleted meanwhile. */
+/* The optional fields that open a refreshDelete/refreshPresent or a syncIdSet: a cookie (the box
+   keeps none: skipped), then a BOOLEAN (refreshDone, DEFAULT TRUE; refreshDeletes, DEFAULT
+   FALSE). 0, or -1 when malformed. */
+static int sync_info_head(BerElement *ber, ber_int_t *flag) {
+    ber_len_t len = 0;
+    if (ber_scanf(ber, "{") == LBER_ERROR) return -1;
+    ber_tag_t tag = ber_peek_tag(ber, &len);
+    if (tag == LDAP_TAG_SYNC_COOKIE) {
+        if (ber_scanf(ber, "x") == LBER_ERROR) return -1;
+        tag = ber_peek_tag(ber, &len);
+    }
+    if (tag == LDAP_TAG_REFRESHDONE /* == LDAP_TAG_REFRESHDELETES */ && ber_scanf(ber, "b", flag) == LBER_ERROR) return -1;
+    return 0;
+}
+
+/* A Sync Info message: the end of the refresh, or a set of entries deleted meanwhile. A message
+   that does not parse whole is an error: never read as "the refresh is done", which would make
+   a part of the roster the whole. */
 static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change, void *context,
                      char *err, size_t err_len) {
     char *oid = NULL;
     struct berval *data = NULL;
     int rc = ldap_parse_intermediate(ld, msg, &oid, &data, NULL, 0);
-    if (rc != LDAP_SUCCESS || !oid || strcmp(oid, LDAP_SYNC_INFO) != 0 || !data) {
+    if (rc != LDAP_SUCCESS || !oid || strcmp(oid, LDAP_SYNC_INFO) != 0) {
         ldap_memfree(oid);
         if (data) ber_bvfree(data);
         return 0; /* another extension's message: not ours */
     }
-    BerElement *ber = ber_init(data);
+    BerElement *ber = reader(data);
     ber_len_t len = 0;
     ber_tag_t tag = ber ? ber_peek_tag(ber, &len) : LBER_ERROR;
     rc = 0;
     if (tag == LDAP_TAG_SYNC_REFRESH_DELETE || tag == LDAP_TAG_SYNC_REFRESH_PRESENT) {
         ber_int_t done = 1; /* refreshDone DEFAULT TRUE */
-        ber_scanf(ber, "{");
-        if (ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) ber_scanf(ber, "x");
-        if (ber_peek_tag(ber, &len) == LDAP_TAG_REFRESHDONE) ber_scanf(ber, "b", &done);
-        if (done) change(context, BOXKEY_LDAP_SYNC_REFRESHED, NULL, "", NULL, 0, NULL, NULL, 0);
+        if (sync_info_head(ber, &done) != 0 || !read_whole(ber)) {
+            snprintf(err, err_len, "content synchronisation: a malformed end of the refresh");
+            rc = LDAP_PROTOCOL_ERROR;
+        } else if (done) {
+            change(context, BOXKEY_LDAP_SYNC_REFRESHED, NULL, "", NULL, 0, NULL, NULL, 0);
+        }
     } else if (tag == LDAP_TAG_SYNC_ID_SET) {
         ber_int_t deletes = 0; /* refreshDeletes DEFAULT FALSE */
         BerVarray uuids = NULL;
-        ber_scanf(ber, "{");
-        if (ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) ber_scanf(ber, "x");
-        if (ber_peek_tag(ber, &len) == LDAP_TAG_REFRESHDELETES) ber_scanf(ber, "b", &deletes);
-        if (ber_scanf(ber, "[W]", &uuids) == LBER_ERROR) {
+        if (sync_info_head(ber, &deletes) != 0 || ber_scanf(ber, "[W]", &uuids) == LBER_ERROR || !read_whole(ber)) {
             snprintf(err, err_len, "content synchronisation: a malformed set of entry UUIDs");
             rc = LDAP_PROTOCOL_ERROR;
         } else if (!deletes) {
@@ -286,10 +347,15 @@ static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change,
             }
         }
         if (uuids) ber_bvarray_free(uuids);
-    } /* a new cookie alone: nothing to do, the box keeps none */
+    } else if (tag == LDAP_TAG_SYNC_NEW_COOKIE) {
+        /* a new cookie alone: nothing to do, the box keeps none */
+    } else {
+        snprintf(err, err_len, "content synchronisation: a malformed sync info message");
+        rc = LDAP_PROTOCOL_ERROR;
+    }
     if (ber) ber_free(ber, 1);
     ldap_memfree(oid);
-    ber_bvfree(data);
+    if (data) ber_bvfree(data);
     return rc;
 }
 

@@ -19,7 +19,7 @@
     X(ldap_unbind_ext_s) X(ldap_value_free_len) \
     X(ber_alloc_t) X(ber_free) X(ber_flatten2) X(ber_init) X(ber_scanf) X(ber_peek_tag) X(ber_printf) \
     X(ldap_search_ext) X(ldap_result) X(ldap_msgtype) X(ldap_get_entry_controls) \
-    X(ldap_parse_intermediate) X(ldap_abandon_ext) X(ber_bvarray_free)
+    X(ldap_parse_intermediate) X(ldap_abandon_ext) X(ber_bvarray_free) X(ber_get_option)
 
 #define DECLARE(name) extern __typeof__(name) *p_##name __attribute__((visibility("hidden")));
 LDAP_FUNCTIONS(DECLARE)
@@ -72,6 +72,7 @@ __attribute__((visibility("hidden"))) int boxkey_ldap_loaded(char *err, size_t e
 #define ldap_parse_intermediate CALL(ldap_parse_intermediate)
 #define ldap_abandon_ext CALL(ldap_abandon_ext)
 #define ber_bvarray_free CALL(ber_bvarray_free)
+#define ber_get_option CALL(ber_get_option)
 #endif
 
 #endif

@@ -115,19 +115,19 @@ void bk_prompt_answer_free(struct bk_prompt_answer *a) {
 /* After Enter at a proximity offer, while the module waits for that phone's push, the
  * program's hidden prompt is over and its terminal echoes again: a password typed then would
  * show in clear. When stdin is the tty PAM_TTY names (console login), echo is off for that
- * wait; if a push logs the person in, what was typed meanwhile is discarded. The signals that
- * end or stop a program wait with it (at most timeout + 1 s), so echo is back before they act. */
+ * wait; if a push logs the person in, what was typed meanwhile is discarded. The keys that
+ * interrupt or stop a program (Ctrl-C, Ctrl-\, Ctrl-Z) wait with it, so echo is back before
+ * they act; SIGTERM and SIGHUP (shutdown, a hang-up) are never held, and the caller bounds the
+ * wait (BK_QUIET_WAIT_MAX_MS). */
 void bk_quiet_terminal_begin(struct bk_quiet_terminal *t, const char *tty) {
-    char expected[256];
-    const char *name;
+    char expected[256], name[256];
     t->saved = 0;
-    if (!tty || !*tty || isatty(STDIN_FILENO) != 1 || !(name = ttyname(STDIN_FILENO))) return;
+    if (!tty || !*tty || isatty(STDIN_FILENO) != 1 || ttyname_r(STDIN_FILENO, name, sizeof name) != 0) return;
     snprintf(expected, sizeof expected, "%s%s", strncmp(tty, "/dev/", 5) == 0 ? "" : "/dev/", tty);
     if (strcmp(name, expected) != 0 || tcgetattr(STDIN_FILENO, &t->before) != 0) return;
     sigset_t held;
     sigemptyset(&held);
-    sigaddset(&held, SIGINT); sigaddset(&held, SIGQUIT); sigaddset(&held, SIGTERM);
-    sigaddset(&held, SIGTSTP); sigaddset(&held, SIGHUP);
+    sigaddset(&held, SIGINT); sigaddset(&held, SIGQUIT); sigaddset(&held, SIGTSTP);
     if (pthread_sigmask(SIG_BLOCK, &held, &t->signals) != 0) return;
     struct termios quiet = t->before;
     quiet.c_lflag &= ~(tcflag_t)(ECHO | ECHONL);

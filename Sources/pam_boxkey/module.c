@@ -149,7 +149,8 @@ static int take_push(pam_handle_t *pamh, struct bk_client *c, const char *user, 
     bk_quiet_terminal_begin(&terminal, bk_item(pamh, PAM_TTY));
     bk_encode_intent(&f);
     enum bk_client_error e = bk_client_send(c, &f);
-    if (e == BK_CLIENT_OK) e = bk_client_receive(c, (int64_t)(o->timeout_seconds + 1) * 1000, &r);
+    int64_t wait_ms = (int64_t)(o->timeout_seconds + 1) * 1000;
+    if (e == BK_CLIENT_OK) e = bk_client_receive(c, wait_ms < BK_QUIET_WAIT_MAX_MS ? wait_ms : BK_QUIET_WAIT_MAX_MS, &r);
     int pushed = e == BK_CLIENT_OK && (r.kind == BK_PUSH || r.kind == BK_KEY_LOGIN || r.kind == BK_ESCROW_CAPTURE);
     bk_quiet_terminal_end(&terminal, pushed);
     if (e != BK_CLIENT_OK) {

@@ -96,6 +96,9 @@ struct bk_quiet_terminal {
     struct termios before;
     sigset_t signals; /* the thread's mask before the wait */
 };
+/* The longest wait for the offering phone's push after Enter: the daemon's own wait is at most
+ * its longest command timeout (command_timeout_s, 120 s), and one second more is its answer's. */
+#define BK_QUIET_WAIT_MAX_MS 121000
 BK_HIDDEN void bk_quiet_terminal_begin(struct bk_quiet_terminal *t, const char *tty);
 BK_HIDDEN void bk_quiet_terminal_end(struct bk_quiet_terminal *t, int discard_typed);
 

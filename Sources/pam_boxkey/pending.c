@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "pending.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,12 @@
 
 const char *const bk_pending_key = "pam_boxkey_pending";
 
-/* The pending logins hooked on this thread: the stack and its delay hook run on one thread,
- * and the hook gets only the conversation's appdata, which is the pending login's proxy. */
-static __thread struct bk_pending *hooked;
+/* Every hooked pending login in the process. The delay hook gets only the conversation's
+ * appdata (the pending login's proxy) and runs on the thread of pam_authenticate; pam_end may
+ * run on another (after PAM_INCOMPLETE, a display manager's worker), so the list is the
+ * process's, under a lock, never a thread's: a pending login freed anywhere leaves it. */
+static pthread_mutex_t hooked_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bk_pending *hooked;
 
 static void verdict_hook(int status, unsigned delay, void *appdata);
 
@@ -46,19 +50,24 @@ static void hook(struct bk_pending *p) {
     const void *delay = NULL;
     pam_get_item(p->pamh, PAM_FAIL_DELAY, &delay);
     p->application_delay = delay;
+    pthread_mutex_lock(&hooked_lock);
+    p->thread = pthread_self();
     p->next = hooked;
     hooked = p;
     p->hooked = 1;
+    pthread_mutex_unlock(&hooked_lock);
     pam_set_item(p->pamh, PAM_FAIL_DELAY, (const void *)verdict_hook);
 }
 
 static void unhook(struct bk_pending *p) {
-    if (!p->hooked) return;
+    pthread_mutex_lock(&hooked_lock);
+    int was = p->hooked;
     p->hooked = 0;
-    pam_set_item(p->pamh, PAM_FAIL_DELAY, p->application_delay);
-    for (struct bk_pending **q = &hooked; *q; q = &(*q)->next)
+    for (struct bk_pending **q = &hooked; was && *q; q = &(*q)->next)
         if (*q == p) { *q = p->next; break; }
     p->next = NULL;
+    pthread_mutex_unlock(&hooked_lock);
+    if (was) pam_set_item(p->pamh, PAM_FAIL_DELAY, p->application_delay);
 }
 
 static void free_pending(struct bk_pending *p) {
@@ -128,12 +137,18 @@ void bk_pending_report(struct bk_pending *p, int accepted, const char *reason) {
     bk_prompt_answer_uninstall(p->answer, p->pamh);
 }
 
-/* The hooked pending login whose proxy `appdata` is; the only one hooked on this thread when
- * the application replaced its conversation meanwhile. */
+/* The hooked pending login whose proxy `appdata` is; when the application replaced its
+ * conversation meanwhile, the only one this thread hooked (two: neither is known for sure). */
 static struct bk_pending *owner(void *appdata) {
-    for (struct bk_pending *p = hooked; p; p = p->next)
-        if (p->answer && (void *)p->answer == appdata) return p;
-    return hooked && !hooked->next ? hooked : NULL;
+    struct bk_pending *found = NULL, *mine = NULL;
+    int mine_count = 0;
+    pthread_mutex_lock(&hooked_lock);
+    for (struct bk_pending *p = hooked; p && !found; p = p->next) {
+        if (p->answer && (void *)p->answer == appdata) found = p;
+        else if (pthread_equal(p->thread, pthread_self())) { mine = p; mine_count++; }
+    }
+    pthread_mutex_unlock(&hooked_lock);
+    return found ? found : mine_count == 1 ? mine : NULL;
 }
 
 /* Report 1: the stack's final status, then the application's own delay function (or the

@@ -1,6 +1,8 @@
 /* A login the rest of the stack is verifying, reported to the daemon once (pending.c). */
 #ifndef PAM_BOXKEY_PENDING_H
 #define PAM_BOXKEY_PENDING_H
+#include <pthread.h>
+
 #include "module.h"
 
 enum bk_pending_state { BK_PENDING_STATE, BK_REPORTED_STATE };
@@ -20,6 +22,7 @@ struct bk_pending {
     /* The application's PAM_FAIL_DELAY function, which the verdict hook chains to. */
     const void *application_delay;
     int hooked;
+    pthread_t thread; /* the thread that hooked it */
     struct bk_pending *next; /* the thread's hooked pending logins */
     /* 0: a typed password kept for answer_prompt, nothing to report. */
     int tell_daemon;

@@ -25,10 +25,44 @@ void bk_frame_u32(struct bk_frame *f, uint32_t v) {
     put(f, b, 4);
 }
 
+/* The length of the UTF-8 sequence at `s` (at most `left` bytes) and its code point; 0 when it
+ * is not well-formed (a stray or cut byte, an overlong form, a surrogate, past U+10FFFF). */
+static size_t utf8_sequence(const unsigned char *s, size_t left, uint32_t *cp) {
+    size_t n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || n > left) return 0;
+    uint32_t v = n == 1 ? s[0] : s[0] & (0x7F >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t least[] = { 0, 0, 0x80, 0x800, 0x10000 };
+    if (v < least[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return n;
+}
+
+/* As the daemon's writer (PAMWire.Writer.text): at most 255 bytes of whole characters, a
+ * control character (C0, DEL, C1: every decoder refuses them) as a space, a byte that is not
+ * UTF-8 as U+FFFD. Never cut inside a character. */
 void bk_frame_text(struct bk_frame *f, const char *s) {
-    size_t n = s ? strnlen(s, BK_MAX_TEXT) : 0;
+    unsigned char out[BK_MAX_TEXT];
+    size_t n = 0, left = s ? strlen(s) : 0;
+    const unsigned char *in = (const unsigned char *)s;
+    while (left > 0) {
+        uint32_t cp = 0;
+        size_t len = utf8_sequence(in, left, &cp);
+        const unsigned char *bytes = in, replacement[] = { 0xEF, 0xBF, 0xBD }, space[] = { ' ' };
+        size_t count = len;
+        if (len == 0) { bytes = replacement; count = sizeof replacement; len = 1; }
+        else if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) { bytes = space; count = 1; }
+        if (n + count > sizeof out) break;
+        memcpy(out + n, bytes, count);
+        n += count;
+        in += len;
+        left -= len;
+    }
     bk_frame_u8(f, (uint8_t)n);
-    put(f, s, n);
+    put(f, out, n);
 }
 
 void bk_frame_secret(struct bk_frame *f, const uint8_t *bytes, size_t count) {

@@ -156,11 +156,14 @@ import Testing
             var mallory = PhoneConnection(identity: KeyPair.generate(), boxKey: key, advertisement: try await h.advertisement())
             let first = try honest.start()
             try await a.send(first)
-            // The box hangs up at the first fragment: over BlueZ the rest of the send may fail.
-            try? await copycat.send(try mallory.start())
-            // The honest phone's answer arrives (the copycat hears it too: that is the air).
+            // The honest phone's answer arrives (the copycat hears it too: that is the air). The
+            // copy comes after it, as on the air, where the channel is seen only once in use:
+            // sent at once, the copycat's first fragment could reach the box first (two
+            // connections' writes have no order) and make the honest phone the copier.
             let answer = try #require(await a.receive())
             _ = try honest.receive(answer)
+            // The box hangs up at the first fragment: over BlueZ the rest of the send may fail.
+            try? await copycat.send(try mallory.start())
             // The copycat gets nothing of its own: the box only hangs up.
             var heard: [[UInt8]] = []
             while let m = await copycat.receive() { heard.append(m) }

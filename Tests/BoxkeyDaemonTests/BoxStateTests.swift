@@ -2,6 +2,7 @@ import BoxkeyCore
 @testable import BoxkeyDaemon
 import BoxkeyPAMWire
 import BoxkeyRadio
+import BoxkeyTestWorlds
 import Foundation
 import NIOConcurrencyHelpers
 import Testing
@@ -382,6 +383,61 @@ struct BoxStateTests {
         guard case .answer(.noPush(.timedOut)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(3)) else {
             Issue.record("a second Enter got something"); return
         }
+    }
+
+    /// A fleet phone of alice's and bob's, its push held at alice's prompt; the box's wall
+    /// clock at `today`.
+    static func fleetPushHeldAtAlicesPrompt(now: Duration, today: NIOLockedValueBox<Date>) throws -> (box: BoxState, prompt: UInt64, phone: Phone, key: KeyPair) {
+        let key = KeyPair.generate()
+        var box = try Self.box(enrolling: KeyPair.generate(), for: "carol",
+                               configure: { $0.fleet = .init(uri: "ldaps://directory.example", base: "dc=example") },
+                               wallClock: { today.withLockedValue { $0 } })
+        var roster = FleetRoster(readAt: today.withLockedValue { $0 })
+        roster.add(user: "alice", values: [FleetRoster.value(key: key.publicKey, name: "")])
+        roster.add(user: "bob", values: [FleetRoster.value(key: key.publicKey, name: "")])
+        box.fleetCacheLoaded(roster)
+        let (prompt, _) = box.openPrompt(alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        guard case .awaitingEnter? = try phone.push("alice", "correct horse", to: &box, now: now).first else { throw TestFailure("the push was not held") }
+        return (box, prompt, phone, key)
+    }
+
+    /// Attack: the phone is revoked for alice in the directory (bob keeps it) while its push
+    /// waits at alice's prompt. The revocation kept the phone's links (it still serves bob) and
+    /// Enter delivered the held push unchecked: alice was logged in by a revoked phone.
+    @Test func aHeldPushIsDroppedWhenThePhoneLosesItsUserAndEnterFindsNothing() throws {
+        let now = Duration.seconds(100)
+        let today = NIOLockedValueBox(Date(timeIntervalSince1970: 1_800_000_000))
+        var (box, prompt, phone, key) = try Self.fleetPushHeldAtAlicesPrompt(now: now, today: today)
+        var roster = FleetRoster(readAt: today.withLockedValue { $0 })
+        roster.add(user: "bob", values: [FleetRoster.value(key: key.publicKey, name: "")])
+        for (lost, still) in box.fleetRead(roster, requests: 1, seconds: 0.1) {  // as Box.fleetRead
+            #expect(still == ["bob"])
+            box.endLinks(of: lost, keeping: still, reason: "phone revoked in the fleet directory", now: now + .seconds(1))
+        }
+        let heard = try phone.read(&box, now: now + .seconds(1))
+        guard case .loginResult(let result)? = heard.first else { Issue.record("the phone heard \(heard)"); return }
+        #expect(result.outcome == .wrongUser)
+        #expect(result.reason.contains("no longer enrolled for alice"))
+        guard case .answer(.noPush(.nothingYet)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(2)) else {
+            Issue.record("Enter delivered a push held for a user the phone lost"); return
+        }
+    }
+
+    /// However the phone lost alice (here: the directory's last read grew older than
+    /// max_stale_s, so fleet phones vouch for nobody), Enter checks again before it delivers.
+    @Test func enterDeliversAHeldPushOnlyIfItsPhoneStillServesTheUser() throws {
+        let now = Duration.seconds(100)
+        let today = NIOLockedValueBox(Date(timeIntervalSince1970: 1_800_000_000))
+        var (box, prompt, phone, _) = try Self.fleetPushHeldAtAlicesPrompt(now: now, today: today)
+        today.withLockedValue { $0 += 3601 }
+        guard case .answer(.noPush(.nothingYet)) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(2)) else {
+            Issue.record("Enter delivered the push of a phone that no longer serves alice"); return
+        }
+        let heard = try phone.read(&box, now: now + .seconds(2))
+        guard case .loginResult(let result)? = heard.first else { Issue.record("the phone heard \(heard)"); return }
+        #expect(result.outcome == .wrongUser)
     }
 
     @Test func aPushForAnotherUserIsRefusedAndThePromptStaysOpen() throws {

@@ -41,6 +41,22 @@ import pam_boxkey
         #expect(bytes { bk_encode_close_session($0, long) } == PAMRequest.closeSession(sessionID: long).encode())
     }
 
+    /// The module's writer cut text at 255 bytes mid-character (the daemon then refused the
+    /// frame as not UTF-8) and sent control characters the daemon's decoder refuses; it now
+    /// writes exactly what the daemon's writer writes.
+    @Test func cyrillicAndControlCharactersAreWrittenAsTheDaemonsWriterWritesThem() throws {
+        for text in [String(repeating: "ж", count: 150), "a" + String(repeating: "ж", count: 150),
+                     "tty\u{1b}[2Jx\u{7f}\u{85}y\n", String(repeating: "€", count: 90), String(repeating: "🔑", count: 70)] {
+            #expect(bytes { bk_encode_close_session($0, text) } == PAMRequest.closeSession(sessionID: text).encode(), "\(text.prefix(12))")
+            _ = try request { bk_encode_close_session($0, text) }  // the daemon reads it
+        }
+        #expect(try request { bk_encode_close_session($0, String(repeating: "ж", count: 150)) } == .closeSession(sessionID: String(repeating: "ж", count: 127)))
+        #expect(try request { bk_encode_close_session($0, "tty\u{1b}[2Jx\u{7f}\u{85}y") } == .closeSession(sessionID: "tty [2Jx  y"))
+        // Bytes that are not UTF-8 (a Latin-1 name, a cut sequence) arrive as U+FFFD.
+        let latin1: [CChar] = [0x61, 0x6C, -0x01, 0x69, 0x63, 0x65, -0x3E, 0]  // "al\xFFice\xC2"
+        #expect(try request { f in latin1.withUnsafeBufferPointer { bk_encode_close_session(f, $0.baseAddress) } } == .closeSession(sessionID: "al\u{FFFD}ice\u{FFFD}"))
+    }
+
     /// What the C decoder makes of a frame body: the reply, or the daemon's error for it.
     func decodeInC(_ body: [UInt8]) -> Result<PAMReply, PAMWire.DecodeError> {
         let reply = UnsafeMutablePointer<bk_reply>.allocate(capacity: 1)

@@ -213,6 +213,28 @@ def test_a_revoked_phone_does_not_get_its_presence_link_back(world, directory):
     print("after the revocation:", after.count("not enrolled here"), "reconnects refused (not enrolled);", open(phone.log).read()[-300:])
 
 
+def test_a_push_held_at_alices_prompt_is_dropped_when_her_phone_is_revoked_for_her_alone(world, directory):
+    """Attack: alice's phone, enrolled for alice and for bob in the directory, pushes at alice's
+    prompt, where the push waits for Enter. The phone is then revoked for alice (lost, taken);
+    bob keeps it. The revocation kept the phone's links (it still serves bob), and Enter handed
+    the held push over with no enrolment check: alice was logged in 0.5 s after the box said the
+    phone was no longer hers. Now the held push goes at the revocation, and the phone hears why."""
+    key = following_box_with_alices_phone(world, directory)
+    fleet_ok(world, directory, "enrol", key, "--user", "bob")
+    time.sleep(2)  # the change reaches a following box in milliseconds (the phone count, which it logs, is unchanged)
+    greeter = world.greeter("authenticate", user="alice", stdin=None)  # nobody at the box presses Enter yet
+    phone = world.phone_background("login", "4821", "--no-stay")
+    wait_for(lambda: "push held at" in world.box_output(), timeout=15, what="the push held at alice's prompt")
+    fleet_ok(world, directory, "revoke", key[:12], "--user", "alice")
+    wait_for(lambda: "no longer enrolled for alice" in world.box_output(), timeout=5, what="the revocation reaching the box")
+    greeter.type("\n")  # Enter, with nothing typed
+    code, out = world.finish(greeter)
+    assert code != 0, "the push held before the revocation logged alice in:\n" + out + world.box_output()[-2000:]
+    assert phone.wait(timeout=20) != 0
+    said = open(phone.log).read()
+    assert "no longer enrolled for alice" in said, said
+
+
 # ---- 5. floods --------------------------------------------------------------------------------------
 
 def test_a_user_who_rewrites_her_own_entry_in_a_loop_costs_the_box_little(world, directory):

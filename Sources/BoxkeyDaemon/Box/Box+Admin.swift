@@ -103,7 +103,7 @@ extension Box {
     /// Revokes a phone; its live links end, a presence link's as a walk-away does.
     public func revoke(fingerprint: String) -> AdminReply {
         let (reply, phone) = state.revoke(fingerprint: fingerprint)
-        if let phone { state.endLinks(of: phone, reason: "phone revoked at this box") }
+        if let phone { state.endLinks(of: phone, reason: "phone revoked at this box", now: clock.now) }
         return reply
     }
 

@@ -206,6 +206,25 @@ extension BoxState {
         readvertise()
     }
 
+    /// Whether the phone of a push held at a prompt may still log its user in: enrolled for that
+    /// user, or (a password push) still waiting for its enrolment. Asked again when Enter
+    /// delivers the push: a revocation between the push and Enter, here or in the directory,
+    /// wins.
+    mutating func mayStillDeliver(_ v: PromptTable.Verifying, now: Duration) -> Bool {
+        guard !registry.isRevoked(v.phone) else { return false }
+        return enrolledUsers(of: v.phone).contains(v.user)
+            || (v.pendingPassword != nil && enrolment.pendingEnrolment(of: v.phone, now: now) != nil)
+    }
+
+    /// A phone lost users (`keeping`: those it still has; empty: all of them): its pushes held
+    /// for the others are dropped, and it hears why.
+    mutating func dropHeldPushes(of phone: PublicKey, keeping users: [String], reason: String, now: Duration) {
+        for prompt in prompts.prompts.values where prompt.held != nil {
+            guard let v = prompt.verifying, v.phone == phone, users.isEmpty || !users.contains(v.user) else { continue }
+            dropHeld(prompt.id, .wrongUser, "\(reason) (no longer enrolled for \(logSafe(v.user)) at box \(identity.boxID))", now: now)
+        }
+    }
+
     /// The phone took its push back (Ctrl-C in `boxkey login`, `agent forget`, `boxkey lock`,
     /// the agent's client gone): dropped at once if it still waits for Enter, and the phone
     /// hears `withdrawn`. Once Enter took it, the stack's verdict answers as usual.

@@ -79,6 +79,10 @@ extension BoxState {
     mutating func enter(_ id: UInt64, wait: Duration, now: Duration) -> Enter {
         guard let prompt = prompts[id] else { return .answer(.noPush(.superseded)) }
         if let held = prompt.held {
+            if let v = prompt.verifying, !mayStillDeliver(v, now: now) {
+                dropHeld(id, .wrongUser, "phone revoked before Enter was pressed (no longer enrolled for \(logSafe(v.user)) at box \(identity.boxID))", now: now)
+                return .answer(nothingYet(at: id, now: now))
+            }
             deliver(held, to: id, now: now)
             readvertise()
             return .answer(held)

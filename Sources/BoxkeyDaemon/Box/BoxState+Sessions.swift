@@ -163,7 +163,10 @@ extension BoxState {
     /// A revoked phone's live links end, but those of a presence link for one of `users` (the
     /// users it keeps). A presence link that ends so ends as a walk-away does (the policy's lock
     /// or logout, at once): nothing guards its session any more.
-    mutating func endLinks(of phone: PublicKey, keeping users: [String] = [], reason: String) {
+    mutating func endLinks(of phone: PublicKey, keeping users: [String] = [], reason: String, now: Duration) {
+        // Its pushes held for a user it lost go first: the link that holds one has no presence,
+        // and is kept below when the phone still serves someone else.
+        dropHeldPushes(of: phone, keeping: users, reason: reason, now: now)
         var away: [String] = []
         for (id, link) in links where link.connection.phoneKey == phone {
             let user = presences[id]?.user

@@ -159,7 +159,7 @@ extension Box {
     /// (as `boxkeyd phones revoke` does), unless this box enrolled them itself.
     public func fleetRead(_ roster: FleetRoster, requests: Int, seconds: Double) {
         for (phone, still) in state.fleetRead(roster, requests: requests, seconds: seconds) {
-            state.endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory")
+            state.endLinks(of: phone, keeping: still, reason: "phone revoked in the fleet directory", now: clock.now)
         }
     }
 
