@@ -13,6 +13,12 @@
 
 /* Round trips of one paged search, at most. */
 #define BOXKEY_LDAP_MAX_PAGES 2000
+/* What the box takes from a directory, at most: a message (libldap's own limit is 4 GiB), an
+   entry's DN, a name or uidNumber value, a phone value (a key, a space, a name). */
+#define BOXKEY_LDAP_MAX_PDU (4 << 20)
+#define BOXKEY_LDAP_MAX_DN 2048
+#define BOXKEY_LDAP_MAX_NAME 256
+#define BOXKEY_LDAP_MAX_VALUE 1024
 
 static int fail(int rc, LDAP *ld, const char *what, char *err, size_t err_len) {
     char *diagnostic = NULL;
@@ -32,6 +38,15 @@ int boxkey_ldap_open(boxkey_ldap **out, const char *uri, int starttls, const cha
     if (boxkey_ldap_loaded(err, err_len) != 0) return LDAP_OTHER;
     int rc = ldap_initialize(&ld, uri);
     if (rc != LDAP_SUCCESS) return fail(rc, NULL, "bad directory URI", err, err_len);
+    /* No message over 4 MiB: a directory that sends more (libldap would take 4 GiB) breaks the
+       connection instead of the box's memory. */
+    Sockbuf *sb = NULL;
+    ber_len_t max_incoming = BOXKEY_LDAP_MAX_PDU;
+    if (ldap_get_option(ld, LDAP_OPT_SOCKBUF, &sb) != LDAP_OPT_SUCCESS || !sb || ber_sockbuf_ctrl(sb, LBER_SB_OPT_SET_MAX_INCOMING, &max_incoming) != 1) {
+        snprintf(err, err_len, "cannot bound the size of the directory's messages");
+        ldap_unbind_ext_s(ld, NULL, NULL);
+        return LDAP_LOCAL_ERROR;
+    }
     int version = LDAP_VERSION3, demand = LDAP_OPT_X_TLS_DEMAND, zero = 0;
     struct timeval timeout = { timeout_s, 0 };
     /* Every option is checked: a TLS setting that did not take (the certificate not checked,
@@ -78,26 +93,39 @@ static void free_values(char **values) {
     free(values);
 }
 
-/* NUL-terminated copies of a value list (NULL-terminated); NULL if out of memory. */
-static char **copy_values(struct berval **values) {
+/* NUL-terminated copies of the values of at most `max` bytes (NULL-terminated; how many in
+   `*kept`); NULL if out of memory. */
+static char **copy_values(struct berval **values, ber_len_t max, int *kept) {
     int count = ldap_count_values_len(values);
     if (count < 0) count = 0;
     char **out = calloc((size_t)count + 1, sizeof(char *));
+    *kept = 0;
     if (!out) return NULL;
     for (int i = 0; i < count; i++) {
+        if (values[i]->bv_len > max) continue;
         char *copy = malloc(values[i]->bv_len + 1);
         if (!copy) { free_values(out); return NULL; }
         /* A NUL inside a value would cut it short (`alice\0x` read as `alice`): it becomes DEL,
            which no login name or phone key takes. */
         for (ber_len_t k = 0; k < values[i]->bv_len; k++) copy[k] = values[i]->bv_val[k] ? values[i]->bv_val[k] : 0x7f;
         copy[values[i]->bv_len] = 0;
-        out[i] = copy;
+        out[(*kept)++] = copy;
     }
     return out;
 }
 
+/* Whether any value is longer than `max` bytes. */
+static int any_longer(struct berval **values, ber_len_t max) {
+    for (int i = 0; values && values[i]; i++)
+        if (values[i]->bv_len > max) return 1;
+    return 0;
+}
+
 /* Hands one entry to `each` (a search) or `change` (a sync stream, with its state and UUID).
-   Returns what the callback returned, or -1 when out of memory. */
+   Returns what the callback returned, -1 when out of memory, or -2 for an entry larger than a
+   user's can be (its DN, a name or its uidNumber): the box keeps what it reads, so bytes are
+   bounded as well as entries. A name is never dropped (one name fewer could make an entry look
+   like one user's); a phone value too long to be one is (it grants nothing). */
 static int hand_over(LDAP *ld, LDAPMessage *e, const char *names_attr, const char *values_attr,
                      int state, const unsigned char *uuid, boxkey_ldap_entry each,
                      boxkey_ldap_sync_change change, void *context) {
@@ -105,14 +133,20 @@ static int hand_over(LDAP *ld, LDAPMessage *e, const char *names_attr, const cha
     struct berval **names = ldap_get_values_len(ld, e, names_attr);
     struct berval **numbers = ldap_get_values_len(ld, e, "uidNumber");
     struct berval **values = ldap_get_values_len(ld, e, values_attr);
-    char **name_strings = copy_values(names), **value_strings = copy_values(values), **number_strings = copy_values(numbers);
-    int stop = -1;
+    int stop = -2, name_count = 0, value_count = 0, number_count = 0;
+    char **name_strings = NULL, **value_strings = NULL, **number_strings = NULL;
+    if ((!dn || strlen(dn) <= BOXKEY_LDAP_MAX_DN) && !any_longer(names, BOXKEY_LDAP_MAX_NAME) && !any_longer(numbers, BOXKEY_LDAP_MAX_NAME)) {
+        name_strings = copy_values(names, BOXKEY_LDAP_MAX_NAME, &name_count);
+        value_strings = copy_values(values, BOXKEY_LDAP_MAX_VALUE, &value_count);
+        number_strings = copy_values(numbers, BOXKEY_LDAP_MAX_NAME, &number_count);
+        stop = -1;
+    }
     if (name_strings && value_strings && number_strings) {
-        const char *number = ldap_count_values_len(numbers) == 1 ? number_strings[0] : NULL;
-        stop = each ? each(context, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names), number,
-                           (const char *const *)value_strings, ldap_count_values_len(values))
-                    : change(context, state, uuid, dn ? dn : "", (const char *const *)name_strings, ldap_count_values_len(names), number,
-                             (const char *const *)value_strings, ldap_count_values_len(values));
+        const char *number = number_count == 1 ? number_strings[0] : NULL;
+        stop = each ? each(context, dn ? dn : "", (const char *const *)name_strings, name_count, number,
+                           (const char *const *)value_strings, value_count)
+                    : change(context, state, uuid, dn ? dn : "", (const char *const *)name_strings, name_count, number,
+                             (const char *const *)value_strings, value_count);
     }
     free_values(name_strings);
     free_values(value_strings);
@@ -159,7 +193,8 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
         }
         for (LDAPMessage *e = ldap_first_entry(ld, result); e && !stop; e = ldap_next_entry(ld, e)) {
             stop = hand_over(ld, e, names_attr, values_attr, -1, NULL, each, NULL, context);
-            if (stop < 0) rc = LDAP_NO_MEMORY;
+            if (stop == -2) rc = LDAP_SIZELIMIT_EXCEEDED;
+            else if (stop < 0) rc = LDAP_NO_MEMORY;
         }
         if (cookie) { ber_bvfree(cookie); cookie = NULL; }
         if (page_size > 0 && !stop) {
@@ -179,6 +214,10 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
         }
         ldap_msgfree(result);
         if (rc == LDAP_NO_MEMORY) { snprintf(err, err_len, "search failed: out of memory"); break; }
+        if (rc == LDAP_SIZELIMIT_EXCEEDED) {
+            snprintf(err, err_len, "search failed: an entry larger than a user's can be (a DN over %d bytes, or a name over %d)", BOXKEY_LDAP_MAX_DN, BOXKEY_LDAP_MAX_NAME);
+            break;
+        }
         rc = LDAP_SUCCESS;
     } while (cookie && !stop);
     if (cookie) ber_bvfree(cookie);
@@ -259,28 +298,46 @@ static int read_whole(BerElement *ber) {
     return ber_get_option(ber, LBER_OPT_REMAINING_BYTES, &left) == LBER_OPT_SUCCESS && left == 0;
 }
 
-/* An entry of the stream: its state and entryUUID from the Sync State control
-   (syncStateValue ::= SEQUENCE { state ENUMERATED, entryUUID OCTET STRING (16), cookie OPTIONAL }). */
+/* A syncStateValue ::= SEQUENCE { state ENUMERATED, entryUUID OCTET STRING (16), cookie
+   OPTIONAL }: 0 and the state and UUID (copied), or -1 when it is absent or malformed. */
+int boxkey_ldap_sync_state_value(const struct berval *value, int *state_out, unsigned char uuid_out[16]) {
+    BerElement *ber = reader(value);
+    ber_int_t state = -1;
+    struct berval uuid = { 0, NULL };
+    ber_len_t len = 0;
+    int valid = ber && ber_scanf(ber, "{em", &state, &uuid) != LBER_ERROR && uuid.bv_len == 16 &&
+                state >= LDAP_SYNC_PRESENT && state <= LDAP_SYNC_DELETE;
+    if (valid && ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) valid = ber_scanf(ber, "x") != LBER_ERROR;
+    valid = valid && read_whole(ber);
+    if (valid) {
+        *state_out = state;
+        memcpy(uuid_out, uuid.bv_val, 16);
+    }
+    if (ber) ber_free(ber, 1);
+    return valid ? 0 : -1;
+}
+
+/* An entry of the stream: its state and entryUUID from the Sync State control. */
 static int sync_entry(LDAP *ld, LDAPMessage *msg, const char *names_attr, const char *values_attr,
                       boxkey_ldap_sync_change change, void *context, char *err, size_t err_len) {
     LDAPControl **controls = NULL;
     if (ldap_get_entry_controls(ld, msg, &controls) != LDAP_SUCCESS) controls = NULL;
     LDAPControl *control = ldap_control_find(LDAP_CONTROL_SYNC_STATE, controls, NULL);
-    BerElement *ber = control ? reader(&control->ldctl_value) : NULL;
-    ber_int_t state = -1;
-    struct berval uuid = { 0, NULL };
-    ber_len_t len = 0;
-    int rc = 0, valid = ber && ber_scanf(ber, "{em", &state, &uuid) != LBER_ERROR && uuid.bv_len == 16 &&
-                        state >= LDAP_SYNC_PRESENT && state <= LDAP_SYNC_DELETE;
-    if (valid && ber_peek_tag(ber, &len) == LDAP_TAG_SYNC_COOKIE) valid = ber_scanf(ber, "x") != LBER_ERROR;
-    if (!valid || !read_whole(ber)) {
+    int state = -1, rc = 0;
+    unsigned char uuid[16];
+    if (!control || boxkey_ldap_sync_state_value(&control->ldctl_value, &state, uuid) != 0) {
         snprintf(err, err_len, "content synchronisation: an entry without a valid sync state");
         rc = LDAP_PROTOCOL_ERROR;
-    } else if (hand_over(ld, msg, names_attr, values_attr, state, (const unsigned char *)uuid.bv_val, NULL, change, context) < 0) {
-        snprintf(err, err_len, "content synchronisation: out of memory");
-        rc = LDAP_NO_MEMORY;
+    } else {
+        int handed = hand_over(ld, msg, names_attr, values_attr, state, uuid, NULL, change, context);
+        if (handed == -2) {
+            snprintf(err, err_len, "content synchronisation: an entry larger than a user's can be (a DN over %d bytes, or a name over %d)", BOXKEY_LDAP_MAX_DN, BOXKEY_LDAP_MAX_NAME);
+            rc = LDAP_SIZELIMIT_EXCEEDED;
+        } else if (handed < 0) {
+            snprintf(err, err_len, "content synchronisation: out of memory");
+            rc = LDAP_NO_MEMORY;
+        }
     }
-    if (ber) ber_free(ber, 1);
     ldap_controls_free(controls);
     return rc;
 }
@@ -300,23 +357,16 @@ static int sync_info_head(BerElement *ber, ber_int_t *flag) {
     return 0;
 }
 
-/* A Sync Info message: the end of the refresh, or a set of entries deleted meanwhile. A message
-   that does not parse whole is an error: never read as "the refresh is done", which would make
-   a part of the roster the whole. */
-static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change, void *context,
-                     char *err, size_t err_len) {
-    char *oid = NULL;
-    struct berval *data = NULL;
-    int rc = ldap_parse_intermediate(ld, msg, &oid, &data, NULL, 0);
-    if (rc != LDAP_SUCCESS || !oid || strcmp(oid, LDAP_SYNC_INFO) != 0) {
-        ldap_memfree(oid);
-        if (data) ber_bvfree(data);
-        return 0; /* another extension's message: not ours */
-    }
+/* A syncInfoValue (RFC 4533 2.5): the end of the refresh (`change` gets REFRESHED), a set of
+   entries deleted meanwhile (`change` gets each as LDAP_SYNC_DELETE), or a new cookie (nothing).
+   A value that does not parse whole is an error (LDAP_PROTOCOL_ERROR, the reason in err):
+   never read as "the refresh is done", which would make a part of the roster the whole. */
+int boxkey_ldap_sync_info_value(const struct berval *data, boxkey_ldap_sync_change change, void *context,
+                                char *err, size_t err_len) {
     BerElement *ber = reader(data);
     ber_len_t len = 0;
     ber_tag_t tag = ber ? ber_peek_tag(ber, &len) : LBER_ERROR;
-    rc = 0;
+    int rc = 0;
     if (tag == LDAP_TAG_SYNC_REFRESH_DELETE || tag == LDAP_TAG_SYNC_REFRESH_PRESENT) {
         ber_int_t done = 1; /* refreshDone DEFAULT TRUE */
         if (sync_info_head(ber, &done) != 0 || !read_whole(ber)) {
@@ -354,6 +404,17 @@ static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change,
         rc = LDAP_PROTOCOL_ERROR;
     }
     if (ber) ber_free(ber, 1);
+    return rc;
+}
+
+/* A Sync Info message (an intermediate response); another extension's is not ours. */
+static int sync_info(LDAP *ld, LDAPMessage *msg, boxkey_ldap_sync_change change, void *context,
+                     char *err, size_t err_len) {
+    char *oid = NULL;
+    struct berval *data = NULL;
+    int rc = ldap_parse_intermediate(ld, msg, &oid, &data, NULL, 0);
+    if (rc == LDAP_SUCCESS && oid && strcmp(oid, LDAP_SYNC_INFO) == 0) rc = boxkey_ldap_sync_info_value(data, change, context, err, err_len);
+    else rc = 0;
     ldap_memfree(oid);
     if (data) ber_bvfree(data);
     return rc;

@@ -6,6 +6,7 @@
 #include <ldap.h>
 #include <lber.h>
 #include <stddef.h>
+#include "boxkey_ldap.h"
 
 /* libldap is loaded only when a box has [fleet]: linked in, it and what it pulls in (GnuTLS,
    p11-kit, nettle, SASL) cost every box about 3 MiB of RSS at start, fleet or not. */
@@ -19,11 +20,17 @@
     X(ldap_unbind_ext_s) X(ldap_value_free_len) \
     X(ber_alloc_t) X(ber_free) X(ber_flatten2) X(ber_init) X(ber_scanf) X(ber_peek_tag) X(ber_printf) \
     X(ldap_search_ext) X(ldap_result) X(ldap_msgtype) X(ldap_get_entry_controls) \
-    X(ldap_parse_intermediate) X(ldap_abandon_ext) X(ber_bvarray_free) X(ber_get_option)
+    X(ldap_parse_intermediate) X(ldap_abandon_ext) X(ber_bvarray_free) X(ber_get_option) X(ber_sockbuf_ctrl)
 
 #define DECLARE(name) extern __typeof__(name) *p_##name __attribute__((visibility("hidden")));
 LDAP_FUNCTIONS(DECLARE)
 #undef DECLARE
+
+/* The Sync State control's and the Sync Info message's values, parsed (boxkey_ldap.c); pure, so
+   the C fuzz targets (Fuzz/C) feed them directly. */
+__attribute__((visibility("hidden"))) int boxkey_ldap_sync_state_value(const struct berval *value, int *state, unsigned char uuid[16]);
+__attribute__((visibility("hidden"))) int boxkey_ldap_sync_info_value(const struct berval *data, boxkey_ldap_sync_change change,
+                                                                      void *context, char *err, size_t err_len);
 
 /* 0 once libldap is loaded; otherwise the reason in err. */
 __attribute__((visibility("hidden"))) int boxkey_ldap_loaded(char *err, size_t err_len);
@@ -73,6 +80,7 @@ __attribute__((visibility("hidden"))) int boxkey_ldap_loaded(char *err, size_t e
 #define ldap_abandon_ext CALL(ldap_abandon_ext)
 #define ber_bvarray_free CALL(ber_bvarray_free)
 #define ber_get_option CALL(ber_get_option)
+#define ber_sockbuf_ctrl CALL(ber_sockbuf_ctrl)
 #endif
 
 #endif

@@ -385,6 +385,35 @@ struct BoxStateTests {
         }
     }
 
+    /// The state changes only once its file is written: a phone whose enrolment could not be
+    /// recorded (a full disk, an I/O error) is not enrolled, not even until a restart; a
+    /// revocation that could not be recorded still holds (it fails closed) and says so.
+    @Test func whatCouldNotBeWrittenIsNotEnrolledAndARevocationFailsClosed() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("boxkey-registry-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        var registry = try PhoneRegistry.load(directory: directory)
+        let (alice, bob) = (KeyPair.generate().publicKey, KeyPair.generate().publicKey)
+        try registry.enrol(alice, user: "alice", name: "a", by: "test")
+        // The next write cannot happen: its temporary file's name is taken by a folder.
+        let blocker = directory + "/phones.json.tmp-\(getpid())"
+        try FileManager.default.createDirectory(atPath: blocker, withIntermediateDirectories: false)
+        #expect(throws: (any Error).self) { try registry.enrol(bob, user: "bob", name: "b", by: "test") }
+        #expect(registry.users(of: bob).isEmpty)
+        #expect(throws: (any Error).self) { try registry.enrol(alice, user: "carol", name: "a", by: "test") }
+        #expect(registry.users(of: alice) == ["alice"])
+        #expect { _ = try registry.revoke(fingerprint: alice.fingerprint) } throws: { "\($0)".contains("revoked until boxkeyd restarts") }
+        #expect(registry.isRevoked(alice))
+        // On disk: the last state that was written, whole.
+        try FileManager.default.removeItem(atPath: blocker)
+        let reread = try PhoneRegistry.load(directory: directory)
+        #expect(reread.users(of: alice) == ["alice"] && reread.users(of: bob).isEmpty)
+        var escrow = try EscrowStore.load(directory: directory)
+        try FileManager.default.createDirectory(atPath: directory + "/escrow.json.tmp-\(getpid())", withIntermediateDirectories: false)
+        let sealed = try JSONDecoder().decode(EscrowSeal.Sealed.self, from: Data(#"{"nonce":[1,2,3],"ciphertext":[4,5,6]}"#.utf8))
+        #expect(throws: (any Error).self) { try escrow.keep(sealed, phone: alice, user: "alice") }
+        #expect(escrow.sealed(phone: alice, user: "alice") == nil)
+    }
+
     /// A fleet phone of alice's and bob's, its push held at alice's prompt; the box's wall
     /// clock at `today`.
     static func fleetPushHeldAtAlicesPrompt(now: Duration, today: NIOLockedValueBox<Date>) throws -> (box: BoxState, prompt: UInt64, phone: Phone, key: KeyPair) {

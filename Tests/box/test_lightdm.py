@@ -155,11 +155,22 @@ def test_a_push_then_enter_opens_a_real_session_and_unlocks_the_keyring(greeter,
     # The real password reached the stack: pam_gnome_keyring unlocked the login keyring with it.
     wait_for(lambda: keyring_unlocks() > unlocks, timeout=20, what="pam_gnome_keyring to unlock the login keyring")
     wait_for(lambda: "Staying connected" in phone.said(), what="the presence link")
-    # boxkeyd restarts (as every upgrade makes it): the new daemon takes up the session, and
-    # the phone attaches again (Plasma's test walks away with no restart).
-    inside("systemctl", "restart", "boxkeyd")
-    wait_for(lambda: "restored" in phone.said(), timeout=40, what="the phone attaching again")
-    assert f"after a restart: guarding session(s) {sid} (alice, seat0 :0" in journal()
+    # boxkeyd restarts, is upgraded (dpkg -i: what an upgrade does to the unit) and crashes
+    # (SIGKILL; Restart=on-failure), one after the other: each new daemon takes up the session
+    # from guard.json, and the phone attaches again each time (Plasma's test walks away with no
+    # restart).
+    for how in ["restart", "upgrade", "crash"]:
+        restored = phone.said().count("restored")
+        started = journal().count("after a restart: guarding session(s)")
+        if how == "restart":
+            inside("systemctl", "restart", "boxkeyd")
+        elif how == "upgrade":
+            inside("sh", "-c", "cd /root/debs && DEBIAN_FRONTEND=noninteractive dpkg -i ./boxkeyd_*.deb ./libpam-boxkey_*.deb ./boxkey_*.deb")
+        else:
+            inside("systemctl", "kill", "--signal=SIGKILL", "boxkeyd")
+        wait_for(lambda: phone.said().count("restored") > restored, timeout=40, what=f"the phone attaching again after the {how}")
+        wait_for(lambda: journal().count("after a restart: guarding session(s)") > started, what=f"the daemon after the {how} taking up the session")
+        assert f"after a restart: guarding session(s) {sid} (alice, seat0 :0" in journal()
 
     # Walk-away: the phone goes; logind's Lock reaches xss-lock, which runs i3lock and says so.
     left = time.monotonic()

@@ -48,6 +48,33 @@ def test_a_configuration_error_stops_the_unit_instead_of_restarting_it():
         configure_box()
 
 
+def test_an_upgrade_over_a_05_config_leaves_the_daemon_running_and_says_what_to_take_out():
+    """A 0.5-era boxkeyd.conf, kept by dpkg across the upgrade (the admin had edited it), with a
+    key since removed: before, the upgraded daemon refused the file and stayed failed, and apt
+    said only "Could not execute systemctl". Now the key is a warning and the daemon runs; and
+    a file that truly cannot load makes the upgrade say so loudly."""
+    configure_box(limits={"rejected_pushes_total": "20"})
+    cursor = journal_cursor()
+    inside("sh", "-c", "cd /root/debs && DEBIAN_FRONTEND=noninteractive dpkg -i ./boxkeyd_*.deb ./libpam-boxkey_*.deb ./boxkey_*.deb 2>&1")
+    assert "rejected_pushes_total" in inside("cat", "/etc/boxkey/boxkeyd.conf").stdout  # the admin's file was kept
+    wait_for(lambda: "advertising box 4821" in journal(since=cursor), timeout=20, what="the upgraded daemon advertising")
+    assert inside("systemctl", "is-active", "boxkeyd", check=False).stdout.strip() == "active"
+    warned = inside("journalctl", "-u", "boxkeyd", "-p", "warning", "-o", "cat", "--no-pager", "--cursor", cursor).stdout
+    assert "[limits] rejected_pushes_total is no longer used" in warned and "take it out of the file" in warned, warned
+    assert inside("boxkeyd", "status").returncode == 0
+    # A malformed value is still an error: the upgrade leaves the daemon stopped and says so.
+    try:
+        inside("mkdir", "-p", "/etc/boxkey/boxkeyd.conf.d")
+        inside("sh", "-c", "printf '[presence]\\ngrace_s = \"soon\"\\n' >/etc/boxkey/boxkeyd.conf.d/50-broken.conf")
+        r = inside("sh", "-c", "cd /root/debs && DEBIAN_FRONTEND=noninteractive dpkg -i ./boxkeyd_*.deb 2>&1", check=False)
+        assert r.returncode == 0, r.stdout  # the package is installed; the daemon is what failed
+        assert "the daemon is not running after this upgrade" in r.stdout and "50-broken.conf" in r.stdout, r.stdout
+    finally:
+        inside("rm", "-f", "/etc/boxkey/boxkeyd.conf.d/50-broken.conf")
+        inside("systemctl", "reset-failed", "boxkeyd", check=False)
+        configure_box()
+
+
 def test_the_simulated_radios_folder_is_made_only_when_asked_for():
     """Before: /run/boxkey-sim was made by the unit on every box, BlueZ or not."""
     inside("mv", "/etc/systemd/system/boxkeyd.service.d/simulated-radio.conf", "/root/simulated-radio.conf")

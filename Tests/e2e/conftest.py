@@ -500,6 +500,9 @@ class World:
             for adapter in {self.phone_adapter, *self.phone_adapters.values()}:
                 drop_le_links(adapter)
         assert not stubborn, f"boxkeyd {stubborn} did not stop within 10 s of SIGTERM"
+        # With the ASan-built module: any report it wrote fails the test.
+        reports = [f for f in os.listdir(self.work) if f.startswith("asan.")]
+        assert not reports, "AddressSanitizer in the module:\n" + "\n".join(open(os.path.join(self.work, f)).read()[:4000] for f in reports)
 
     def box_output(self):
         """Everything every boxkeyd of this World logged."""
@@ -621,8 +624,13 @@ class World:
         return directory
 
     def pam_env(self, service_dir=None):
+        # BOXKEY_E2E_MODULE_ASAN: the module is built with AddressSanitizer (scripts/asan-module-test),
+        # whose runtime must be the first library the PAM program loads.
+        asan = os.environ.get("BOXKEY_E2E_MODULE_ASAN")
+        preload = (asan + ":" if asan else "") + "libpam_wrapper.so:libnss_wrapper.so"
+        extra = {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:log_path=" + os.path.join(self.work, "asan")} if asan else {}
         return dict(self.env, PAM_WRAPPER="1", PAM_WRAPPER_SERVICE_DIR=service_dir or os.path.join(self.work, "pam.d"),
-                    **dict(self.nss, LD_PRELOAD="libpam_wrapper.so:libnss_wrapper.so"))
+                    **dict(self.nss, LD_PRELOAD=preload), **extra)
 
     def greeter(self, *operations, stdin=PERSON, user="alice", service="boxkey-test", tty="tty1", rhost=None,
                 session="42", logind_session=None, env=None, auth=None, wait=True):

@@ -34,7 +34,7 @@ def test_a_sync_state_control_without_a_value_is_an_error_not_a_crash(world, val
     fake = following(world, lambda mid: [entry(mid, DN, PERSON, value)])
     wait_for(lambda: fake.syncs >= 3, timeout=30, what="the box asking for the stream again after the broken one")
     assert world.box_process.poll() is None, f"boxkeyd died:\n{world.box_output()[-3000:]}"
-    error = fleet_status(world)["error"]
+    error = (fleet_status(world).get("error") or "")
     assert "without a valid sync state" in error, error
     assert "following its changes" not in world.box_output()
 
@@ -57,7 +57,7 @@ def test_a_malformed_end_of_refresh_is_an_error_never_refresh_done(world, value)
     wait_for(lambda: fake.syncs >= 2, timeout=30, what="the box asking for the stream again after the broken one")
     assert world.box_process.poll() is None, f"boxkeyd died:\n{world.box_output()[-3000:]}"
     assert "following its changes" not in world.box_output(), "the malformed message was taken as the end of the refresh"
-    error = fleet_status(world)["error"]
+    error = (fleet_status(world).get("error") or "")
     assert "content synchronisation" in error and "malformed" in error, error
 
 
@@ -78,7 +78,35 @@ def test_a_directory_that_pages_for_ever_is_cut_off(world):
     fake = FakeDirectory(world.work, endless_pages=True)
     world.settings["fleet"] = fake.fleet_settings(world.work, refresh_s=5, follow=False)
     world.start_box()
-    wait_for(lambda: "still paging" in (fleet_status(world)["error"] or ""), timeout=30, what="the box giving up on the endless pages")
+    wait_for(lambda: "still paging" in ((fleet_status(world).get("error") or "") or ""), timeout=30, what="the box giving up on the endless pages")
     asked = fake.searches
     assert 2000 <= asked <= 2100, asked
     assert world.box_process.poll() is None
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0
+
+
+@pytest.mark.parametrize("dn_mib, entries", [(3, 8), (6, 2)], ids=["big-dns", "one-message-over-4mib"])
+def test_a_directory_cannot_fill_the_boxs_memory_with_big_entries(world, dn_mib, entries):
+    """Attack: entries whose DNs are megabytes long (a directory may hold them; the box kept
+    every DN whole, and libldap takes messages up to 4 GiB): 30 entries with 10 MiB DNs took
+    boxkeyd to 1 GiB. Now a DN over 2 KiB (or a name over 256 bytes) is an error, and no
+    message over 4 MiB is read at all."""
+    def replies(mid):
+        return [entry(mid, f"uid=alice{i},{'x' * (dn_mib << 20)},ou=people,dc=example,dc=org", PERSON, sync_state(SYNC_ADD, bytes([i]) * 16))
+                for i in range(entries)]
+    fake = following(world, replies)
+    wait_for(lambda: fake.syncs >= 2, timeout=60, what="the box asking for the stream again after the big entries")
+    assert world.box_process.poll() is None
+    rss = rss_mib(world.box_process.pid)
+    assert rss < 150, f"boxkeyd holds {rss:.0f} MiB"
+    assert "following its changes" not in world.box_output()
+    error = (fleet_status(world).get("error") or "")
+    print(f"{entries} entries of {dn_mib} MiB DNs: boxkeyd at {rss:.0f} MiB; {error}")
+    if dn_mib < 4:
+        assert "larger than a user's can be" in error, error

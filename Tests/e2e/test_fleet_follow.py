@@ -4,11 +4,12 @@ refresh_s is; the revoked phone hears "not enrolled" and a presence link it held
 walk-away policy says; a quiet directory costs a box a one-entry read per refresh_s; a server
 without syncprov is read whole every refresh_s; a restarted directory is followed again."""
 import json
+import os
 import time
 
 
 from conftest import PASSWORD, wait_for
-from slapd import PEOPLE, Slapd
+from slapd import PEOPLE, Slapd, documented_syncprov
 from test_fleet import admin_fleet, directory, phone_key, phone_login  # noqa: F401 (directory: a fixture)
 
 # Long: only following can explain a change seen within a second or two.
@@ -117,6 +118,28 @@ def test_a_directory_without_syncprov_is_read_whole_every_refresh_s(world):
         assert admin_fleet(world, directory, "enrol", key, "--user", "alice").returncode == 0
         wait_for(lambda: "fleet: read 1 phone(s)" in world.box_output(), timeout=5 + 5, what="the next whole read")
         assert "following its changes" not in world.box_output()
+    finally:
+        directory.stop()
+
+
+def test_a_directory_that_gains_syncprov_is_followed_again_without_a_restart_of_the_box(world):
+    """One refusal of the stream (a server briefly without syncprov, a failover to a replica
+    without it) turned following off for the life of the process: revocations then took
+    refresh_s until someone restarted boxkeyd. The box asks again (10 s, then doubling to
+    15 min) and says in `status` how it reads the directory."""
+    directory = Slapd(world.work, syncprov=False).start()
+    try:
+        world.settings["fleet"] = directory.fleet_settings(refresh_s=5)
+        world.start_box()
+        wait_for(lambda: "does not offer content synchronisation" in world.box_output(), what="the box falling back")
+        status = lambda: json.loads(world.admin("status", "--json").stdout)["fleet"].get("mode") or ""
+        assert "refused content synchronisation" in status(), status()
+        assert "refused content synchronisation" in world.admin("status").stdout
+        directory.stop()
+        directory._run("slapadd", "-n0", "-F", os.path.join(directory.dir, "slapd.d"), input=documented_syncprov())
+        directory.start()
+        wait_for(lambda: "following its changes" in world.box_output(), timeout=30, what="the box following once syncprov is there")
+        assert status().startswith("following"), status()
     finally:
         directory.stop()
 

@@ -221,6 +221,29 @@ def test_a_changed_password_destroys_the_sealed_copy_and_is_picked_up_at_the_nex
     assert len(sealed_records(world)) == 1
 
 
+def test_the_verdict_is_acknowledged_at_once_while_the_box_checks_the_sealed_password(world):
+    """The stack refuses a sealed password (changed since); the box then checks it with its own
+    service (pam_unix delays a failure ~2 s) before destroying it. The daemon answered the
+    module's report only after that check, and the module waits 1 s for the answer: the login
+    stalled 1 s and logged a false "could not report the outcome"."""
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    set_password(world, "alice", "a new horse")
+    with open(os.path.join(world.box_pam, "boxkey-verify")) as f:
+        verify = f.read()
+    with open(os.path.join(world.box_pam, "boxkey-verify"), "w") as f:
+        f.write("auth required pam_exec.so quiet /bin/sleep 2\n" + verify)
+    greeter = world.greeter()
+    r = world.phone("login", "--no-stay")
+    code, out = world.finish(greeter)
+    assert r.returncode != 0 and "sealed password was not accepted" in r.stderr, r.stdout + r.stderr
+    assert code != 0
+    assert "could not report the outcome" not in out, out
+
+
 def test_revoking_the_phone_destroys_its_sealed_password(world):
     world.settings["login"] = {"mode": "escrow"}
     world.start_box()
