@@ -67,6 +67,9 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
         /// This box's fleet certificate, and what is wrong with it or the revocation list.
         public var certificate: Certificate?
         public var certificateProblem: String?
+        /// How the box reads the directory now: following its changes (RFC 4533), or reading
+        /// it whole every refresh_s, and why.
+        public var mode: String?
     }
     public var fleet: Fleet?
     /// What the last reload did; absent before the first one.
@@ -101,6 +104,7 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
             let read = fleet.lastReadAgeSeconds.map { "read \($0) s ago" } ?? "never read"
             let state = fleet.fresh ? "\(fleet.phones) phone(s) taken" : "fleet phones REFUSED (no read within \(fleet.maxStaleSeconds) s)"
             lines.append("fleet:       \(fleet.uri): \(read); \(state)\(fleet.publish ? "; publishes enrolments" : "")\(fleet.error.map { "; last error: \($0)" } ?? "")")
+            if let mode = fleet.mode { lines.append("             \(mode)") }
             if let c = fleet.certificate {
                 lines.append("certificate: \(c.serial), valid until \(c.notAfter.ISO8601Format())\(fleet.certificateProblem.map { "; PROBLEM: \($0)" } ?? "")")
             }

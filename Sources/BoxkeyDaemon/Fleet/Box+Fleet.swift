@@ -12,6 +12,8 @@ struct FleetHealth: Sendable {
     var certificateProblem: String?
     /// What Info serves now, as logged (a change is logged once).
     var served: String?
+    /// How the box reads the directory now, for people (`boxkeyd status`, doctor).
+    var mode: String?
 }
 
 extension BoxState {
@@ -107,7 +109,12 @@ extension BoxState {
                                   maxStaleSeconds: Int(fleet.maxStale.components.seconds), error: fleetHealth.lastError,
                                   publish: fleet.publish,
                                   certificate: fleetHealth.certificate.map { .init(serial: String($0.serial, radix: 16), notAfter: Date(timeIntervalSince1970: Double($0.notAfter))) },
-                                  certificateProblem: fleetHealth.certificateProblem)
+                                  certificateProblem: fleetHealth.certificateProblem, mode: fleetHealth.mode)
+    }
+
+    /// How the box reads the directory now (following, or reading whole and why).
+    mutating func fleetMode(_ mode: String) {
+        fleetHealth.mode = mode
     }
 
     /// This box's fleet certificate and the fleet's revocation list, for Info; phones read it
@@ -166,6 +173,9 @@ extension Box {
     /// A failed read: the roster stays in use until `[fleet] max_stale_s` after the last good
     /// read, then fleet phones are refused.
     public func fleetReadFailed(_ error: String) { state.fleetReadFailed(error) }
+
+    /// How the box reads the directory now (`boxkeyd status`).
+    public func fleetMode(_ mode: String) { state.fleetMode(mode) }
 
     /// This box's fleet certificate and the fleet's revocation list, for Info.
     public func fleetCertificate(_ certificate: BoxCertificate?, revocations: BoxRevocationList?, now: Int64) {

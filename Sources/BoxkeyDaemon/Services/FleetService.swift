@@ -76,15 +76,27 @@ struct FleetService: Service {
         defer { pool.shutdownGracefully { _ in } }
         var follow = directory.settings.follow
         var retry: Duration = .seconds(1)
+        // A refusal of the stream (a server briefly without syncprov, a failover to one that
+        // lacks it) is tried again, less and less often: following turns back on by itself.
+        var followAgain: (at: ContinuousClock.Instant, after: Duration)?
         var phonesBefore: Int?
+        let every = "every \(directory.settings.refresh.components.seconds) s"
+        await box.fleetMode(follow ? "following the directory's changes (RFC 4533)" : "reading the whole roster \(every) ([fleet] follow = false)")
         while !Task.isShuttingDownGracefully {
             var pause = directory.settings.refresh
             if follow {
                 do {
-                    try await followChanges(on: pool, phonesBefore: &phonesBefore) { retry = .seconds(1) }
+                    try await followChanges(on: pool, phonesBefore: &phonesBefore) {
+                        retry = .seconds(1)
+                        followAgain = nil
+                        await box.fleetMode("following the directory's changes (RFC 4533)")
+                    }
                     continue  // the hourly whole refresh: at once
                 } catch let failure as FleetDirectory.Failure where failure.code == LDAP_UNAVAILABLE_CRITICAL_EXTENSION_CODE {
-                    logger.warning("fleet: \(directory.settings.uri) does not offer content synchronisation (RFC 4533; OpenLDAP: the syncprov overlay, docs/fleet.md): reading the whole roster every \(directory.settings.refresh.components.seconds) s instead")
+                    let after = min((followAgain?.after ?? .seconds(5)) * 2, .seconds(900))  // 10 s, 20 s, ... 15 min
+                    followAgain = (ContinuousClock.now + after, after)
+                    logger.warning("fleet: \(directory.settings.uri) does not offer content synchronisation (RFC 4533; OpenLDAP: the syncprov overlay, docs/fleet.md): reading the whole roster \(every) instead, and asking again in \(after.components.seconds) s")
+                    await box.fleetMode("reading the whole roster \(every): the directory refused content synchronisation (asking again in \(after.components.seconds) s)")
                     follow = false
                     continue
                 } catch {
@@ -96,6 +108,10 @@ struct FleetService: Service {
                 }
             } else {
                 pause = await readWhole(phonesBefore: &phonesBefore)
+                if let again = followAgain, ContinuousClock.now >= again.at {
+                    follow = true
+                    continue
+                }
             }
             let wait = pause
             try? await cancelWhenGracefulShutdown { try await Task.sleep(for: wait) }
@@ -169,7 +185,7 @@ struct FleetService: Service {
     /// Follows the directory until shutdown or the next whole refresh is due (returns), or until
     /// the stream fails (throws; the code says whether the server refused it). `refreshed` is
     /// called once the whole set is in.
-    private func followChanges(on pool: NIOThreadPool, phonesBefore: inout Int?, refreshed: () -> Void) async throws {
+    private func followChanges(on pool: NIOThreadPool, phonesBefore: inout Int?, refreshed: () async -> Void) async throws {
         let follower = FleetFollower(directory: directory)
         defer { follower.close() }
         let settings = directory.settings
@@ -218,7 +234,7 @@ struct FleetService: Service {
         let lookups = try await lookUp(nil, in: &mirror)
         var (roster, skipped) = mirror.roster(readAt: Date())
         await took(roster, requests: 1 + lookups, skipped: skipped, since: started, phonesBefore: &phonesBefore, how: "; following its changes")
-        refreshed()
+        await refreshed()
         await serveCertificate { try await blocking { try follower.readRevocations() } }
         var lastPing = ContinuousClock.now
         // After a change that only adds, the cache is written a second later, once for a burst
