@@ -88,6 +88,10 @@ public enum PrivateFiles {
             let e = errno
             if e == ENOENT { return nil }
             if e == ELOOP { throw Failure("\(path) is a symbolic link: not used (the box's state is plain files of its own)") }
+            // Another account's 0600 file cannot even be opened: say whose it is and the fix,
+            // as for one that can.
+            var s = stat()
+            if e == EACCES, lstat(path, &s) == 0 { try checkOwn(s, path: path, secret: secret) }
             throw Failure("cannot read \(path): \(String(cString: strerror(e)))")
         }
         defer { close(fd) }

@@ -351,6 +351,38 @@ struct BoxStateTests {
         #expect(box.enrolledUsers(of: phone.publicKey).isEmpty)
         #expect(box.fleetStatus()?.fresh == false)
         #expect(box.fleetStatus()?.lastReadAgeSeconds == 3601)
+        // The clock set back by hours (an NTP step after an RTC-less boot, `date -s`): the last
+        // read now looks as if from the future, and is not trusted either; a read dated by the
+        // new clock (a following box's next one-entry read, within refresh_s) heals it.
+        today.withLockedValue { $0 = read - 3 * 3600 }
+        #expect(box.enrolledUsers(of: phone.publicKey).isEmpty)
+        var reread = FleetRoster(readAt: today.withLockedValue { $0 })
+        reread.add(user: "bob", values: [FleetRoster.value(key: phone.publicKey, name: "")])
+        _ = box.fleetRead(reread, requests: 1, seconds: 0.1)
+        #expect(box.enrolledUsers(of: phone.publicKey) == ["bob"])
+    }
+
+    /// What the box promises in time (a pairing code's life, a held push's wait, a presence
+    /// link's keepalive timeout and grace) runs on the monotonic `now` the state is given, never
+    /// on the wall clock: hours of wall-clock steps change none of it.
+    @Test func wallClockStepsChangeNoDeadline() throws {
+        let key = KeyPair.generate()
+        let today = NIOLockedValueBox(Date(timeIntervalSince1970: 1_800_000_000))
+        var box = try Self.box(enrolling: key, for: "alice", wallClock: { today.withLockedValue { $0 } })
+        let now = Duration.seconds(100)
+        let (prompt, _) = box.openPrompt(Self.alicesPrompt, owner: nil, pid: 42, now: now)
+        var phone = try Phone(key, at: box)
+        try phone.open(&box, now: now)
+        _ = try phone.push("alice", "correct horse", to: &box, now: now)
+        let due = box.nextDeadline
+        for step: Double in [-5 * 3600, 26 * 3600, 0] {
+            today.withLockedValue { $0 = Date(timeIntervalSince1970: 1_800_000_000 + step) }
+            #expect(box.tick(now: now + .seconds(1)).isEmpty)
+            #expect(box.nextDeadline == due)
+        }
+        guard case .answer(.push) = box.enter(prompt, wait: .seconds(10), now: now + .seconds(2)) else {
+            Issue.record("the held push did not survive the wall clock's steps"); return
+        }
     }
 
     @Test func aPushAtTheUsersPromptWaitsForEnterThereAndEnterTakesIt() throws {

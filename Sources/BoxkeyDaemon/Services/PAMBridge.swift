@@ -146,8 +146,11 @@ struct PAMConnection {
             // wiped instead of it.
             password.withUnsafeBytes { if let b = $0.baseAddress { memset(UnsafeMutableRawPointer(mutating: b), 0, $0.count) } }
         case .reportOutcome(let verdict, let reason):
-            if let prompt { await box.report(prompt, verdict, reason: reason) }
+            // Acknowledged at once: what the box then checks (a pending phone's password through
+            // its own PAM service, which pam_unix delays ~2 s when it fails) must not hold up
+            // the login, nor outlast the module's 1 s wait for this answer.
             replies.yield(.reply(.ok))
+            if let prompt { await box.report(prompt, verdict, reason: reason) }
         case .openSession(let user, let session, let service, let ticket):
             await box.openSession(user: user, sessionID: session, service: service, ticket: ticket)
             replies.yield(.reply(.ok))

@@ -35,23 +35,29 @@ public struct EscrowStore: Sendable {
         records.first { $0.phone == phone.fingerprint && $0.user == user }?.sealed
     }
 
+    /// Keeps a sealed copy, once it is written (a copy the box could not record is not kept).
     public mutating func keep(_ sealed: EscrowSeal.Sealed, phone: PublicKey, user: String, at date: Date = Date()) throws {
-        records.removeAll { $0.phone == phone.fingerprint && $0.user == user }
-        records.append(Record(phone: phone.fingerprint, user: user, sealed: sealed, sealedAt: date))
-        try save()
+        var next = records
+        next.removeAll { $0.phone == phone.fingerprint && $0.user == user }
+        next.append(Record(phone: phone.fingerprint, user: user, sealed: sealed, sealedAt: date))
+        try save(next)
+        records = next
     }
 
-    /// Destroys the copies of one phone (all its users, or one). Returns how many went.
+    /// Destroys the copies of one phone (all its users, or one). Returns how many went. They go
+    /// from memory even when the file cannot be written (it fails closed); the error says so.
     @discardableResult
     public mutating func destroy(phone fingerprint: String, user: String? = nil) throws -> Int {
         let before = records.count
         records.removeAll { $0.phone == fingerprint && (user == nil || $0.user == user) }
         guard records.count != before else { return 0 }
-        try save()
+        do { try save(records) } catch {
+            throw BoxIdentity.Error(description: "destroyed until boxkeyd restarts, but not recorded: \(error)")
+        }
         return before - records.count
     }
 
-    func save() throws {
+    func save(_ records: [Record]) throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

@@ -77,38 +77,45 @@ public struct PhoneRegistry: Sendable {
     }
 
     /// Enrols `key` for `user` (adding the user to an existing record). A revoked phone stays
-    /// revoked: an administrator must remove the record first.
+    /// revoked: an administrator must remove the record first. Nothing changes unless the file
+    /// was written: a phone the box could not record is not enrolled, even until a restart.
     public mutating func enrol(_ key: PublicKey, user: String, name: String, by origin: String, at date: Date = Date()) throws {
         let k = hex(key.bytes)
-        if let i = phones.firstIndex(where: { $0.key == k }) {
-            guard !phones[i].revoked else { throw BoxIdentity.Error(description: "phone \(key.fingerprint) is revoked") }
-            if phones[i].enrolledBy == nil { phones[i].users = [] }
-            if !phones[i].users.contains(user) { phones[i].users.append(user) }
-            phones[i].enrolledBy = origin
-            phones[i].enrolledAt = phones[i].enrolledAt ?? date
-            if !name.isEmpty { phones[i].name = name }
+        var next = phones
+        if let i = next.firstIndex(where: { $0.key == k }) {
+            guard !next[i].revoked else { throw BoxIdentity.Error(description: "phone \(key.fingerprint) is revoked") }
+            if next[i].enrolledBy == nil { next[i].users = [] }
+            if !next[i].users.contains(user) { next[i].users.append(user) }
+            next[i].enrolledBy = origin
+            next[i].enrolledAt = next[i].enrolledAt ?? date
+            if !name.isEmpty { next[i].name = name }
         } else {
-            phones.append(Phone(key: k, fingerprint: key.fingerprint, name: name, users: [user], enrolledBy: origin, enrolledAt: date))
+            next.append(Phone(key: k, fingerprint: key.fingerprint, name: name, users: [user], enrolledBy: origin, enrolledAt: date))
         }
-        try save()
+        try save(next)
+        phones = next
     }
 
-    /// Records an accepted login of an enrolled phone.
+    /// Records an accepted login of an enrolled phone (once written).
     public mutating func recordLogin(_ key: PublicKey, name: String, at date: Date = Date()) throws {
         guard let i = phones.firstIndex(where: { $0.key == hex(key.bytes) }) else { return }
-        phones[i].lastLogin = date
-        if !name.isEmpty { phones[i].name = name }
-        try save()
+        var next = phones
+        next[i].lastLogin = date
+        if !name.isEmpty { next[i].name = name }
+        try save(next)
+        phones = next
     }
 
     /// Revokes the phone whose fingerprint (or a unique prefix of it, case-insensitive) matches.
+    /// A revocation holds in memory even when the file cannot be written (it fails closed); the
+    /// error then says it lasts only until a restart.
     public mutating func revoke(fingerprint: String, at date: Date = Date()) throws -> Phone {
         let matches = phones.indices.filter { Fingerprint.matches(phones[$0].fingerprint, prefix: fingerprint) }
         guard matches.count == 1 else {
             throw BoxIdentity.Error(description: matches.isEmpty ? "no phone with fingerprint \(fingerprint)" : "\(fingerprint) matches \(matches.count) phones; give more of the fingerprint")
         }
         phones[matches[0]].revokedAt = phones[matches[0]].revokedAt ?? date
-        try save()
+        try saveRevocation()
         return phones[matches[0]]
     }
 
@@ -118,11 +125,17 @@ public struct PhoneRegistry: Sendable {
         var phone = Phone(key: hex(key.bytes), fingerprint: key.fingerprint, name: name, users: [], enrolledBy: nil, enrolledAt: nil)
         phone.revokedAt = date
         phones.append(phone)
-        try save()
+        try saveRevocation()
         return phone
     }
 
-    func save() throws {
+    private func saveRevocation() throws {
+        do { try save(phones) } catch {
+            throw BoxIdentity.Error(description: "revoked until boxkeyd restarts, but not recorded: \(error); free the disk and revoke it again")
+        }
+    }
+
+    func save(_ phones: [Phone]) throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
