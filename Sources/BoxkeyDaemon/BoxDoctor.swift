@@ -1,3 +1,4 @@
+import BoxkeyCore
 import BoxkeyDBus
 import BoxkeyHost
 import BoxkeyPAMWire
@@ -18,7 +19,9 @@ public enum BoxDoctor {
         return folders + ["/usr/lib64/security", "/lib64/security", "/usr/lib/security", "/lib/security"]
     }
 
-    public static func run(config: DaemonConfig, configProblem: String?, configPath: String, pamDirectory: String = "/etc/pam.d") async -> DoctorReport {
+    /// `listen`: what boxes advertise nearby within a time (nil: no radio to listen on).
+    public static func run(config: DaemonConfig, configProblem: String?, configPath: String, pamDirectory: String = "/etc/pam.d",
+                           listen: (@Sendable (Duration) async -> [Advertisement])? = nil) async -> DoctorReport {
         var report = DoctorReport()
         if let ownership = DaemonConfig.ownershipProblem(configPath) {
             report.fail("configuration", ownership, do: "boxkeyd will not start (exit 78) until then")
@@ -42,6 +45,7 @@ public enum BoxDoctor {
         case .bluez, .auto:
             report.append(await RadioDoctor.check(adapter: config.adapter))
         }
+        if let listen { report.append(await boxID(config, heard: await listen(.seconds(3)))) }
         report.append(await logind())
         report.append(await walkAwayLocks(config))
         if getuid() == 0 { report.append(daemon(socket: config.adminSocket)) }
@@ -147,6 +151,29 @@ public enum BoxDoctor {
             }
         } catch {
             report.fail("fleet certificate", "cannot read the revocation list: \(error)", do: "check [fleet] revocations_dn (docs/fleet.md)")
+        }
+        return report
+    }
+
+    /// Another box nearby with this box's ID: phones that look for the ID may reach the other
+    /// box first (they refuse it, its key not being the one they paired with, but cannot log
+    /// in meanwhile). IDs made up at first start avoid those heard then; two boxes cloned from
+    /// one image, or set by hand, may not.
+    static func boxID(_ config: DaemonConfig, heard: [Advertisement]) -> DoctorReport {
+        var report = DoctorReport()
+        guard let identity = try? BoxIdentity.loadIfPresent(path: config.stateDirectory + "/identity") else {
+            report.warn("box ID", "no identity yet in \(config.stateDirectory): the daemon has not run", do: "systemctl start boxkeyd")
+            return report
+        }
+        let own = identity.keyPair.publicKey.advertisementHint
+        let others = Set(heard.filter { $0.boxID == identity.boxID && $0.keyHint != own }.map(\.keyHint))
+        let boxes = Set(heard.map(\.boxID)).subtracting([identity.boxID]).count
+        if others.isEmpty {
+            report.ok("box ID", "\(identity.boxID): no other box nearby advertises it (heard \(boxes) other box(es) in 3 s)")
+        } else {
+            let hints = others.sorted().map { String(format: "%02X", $0) }.joined(separator: ", ")
+            report.warn("box ID", "another box nearby advertises box ID \(identity.boxID) (key hint \(hints); this box's is \(String(format: "%02X", own))): a phone looking for \(identity.boxID) may find it first",
+                        do: "give one of them another ID: [box] id = \"NNNN\" in boxkeyd.conf, restart it, and pair its phones again")
         }
         return report
     }

@@ -63,6 +63,21 @@ public struct BoxRadios: BoxRadioSource {
         return try await open(config, logger: logger, waiting: waiting)
     }
 
+    /// A central only, to hear what boxes advertise nearby (`boxkeyd doctor`) beside a running
+    /// daemon: nothing is registered or advertised. Nil when there is no radio to listen on.
+    public func listener(_ config: DaemonConfig) async -> (any CentralRadio)? {
+        switch try? await RadioChoice.resolve(config.radio, adapter: config.adapter, simDirectory: config.simDirectory) {
+        case .simulated(let directory)?:
+            guard let air = try? RadioChoice.openSimulatedAir(directory, parameters: SimulationParameters()) else { return nil }
+            return SimulatedListener(air: air, central: air.central(DeviceAddress("00:B0:C5:FF:FF:FD")!))
+        case .bluez(let adapter)?:
+            guard await blueZAdapterPresent(named: adapter) else { return nil }
+            return try? await BlueZCentral(adapter: adapter)
+        case nil:
+            return nil
+        }
+    }
+
     /// BlueZ, waiting for bluetoothd and the adapter when they are not there yet, without
     /// starting bluetoothd: `BlueZWatch` looks when the bus says something changed.
     private func blueZRadio(_ adapter: String?, logger: Logger, waiting: @escaping @Sendable (String) -> Void) async throws -> any BoxRadio {
@@ -76,6 +91,18 @@ public struct BoxRadios: BoxRadioSource {
             if said.withLockedValue({ $0 }) != nil { logger.info("Bluetooth adapter \(peripheral.adapter.name) is here") }
             return BlueZBoxRadio(peripheral: peripheral, scanner: scanner)
         }
+    }
+}
+
+/// A central on the simulated air that keeps the air open (it reads the other processes'
+/// boxes) for as long as it is used.
+private struct SimulatedListener: CentralRadio {
+    let air: SocketAir
+    let central: any CentralRadio
+    var address: DeviceAddress { central.address }
+    func scan(_ filter: ScanFilter) -> AsyncThrowingStream<ScanResult, any Error> { central.scan(filter) }
+    func connect(to address: DeviceAddress, timeout: Duration) async throws -> any CentralLink {
+        try await central.connect(to: address, timeout: timeout)
     }
 }
 

@@ -155,7 +155,12 @@ extension Boxkeyd {
             var problem: String?
             do { config = try DaemonConfig.load(path: options.config) } catch { problem = "\(error)" }
             if let socket = options.socket { config.pamSocket = socket }
-            let report = await BoxDoctor.run(config: config, configProblem: problem, configPath: options.config)
+            // What boxes advertise nearby, heard on the box's own radio beside the daemon.
+            let listener = await BoxRadios().listener(config)
+            let listen: (@Sendable (Duration) async -> [Advertisement])? = listener.map { scanner in
+                { @Sendable duration in await Daemon.nearbyAdvertisements(scanner, for: duration) }
+            }
+            let report = await BoxDoctor.run(config: config, configProblem: problem, configPath: options.config, listen: listen)
             print(report.output(json: json))
             if report.failed { throw ExitCode(1) }
         }

@@ -1,5 +1,6 @@
 """The box as admins run it: files another account could have written are never believed
 (the daemon stops with exit 78, naming the file and what to run, and doctor says the same)."""
+import copy
 import json
 import re
 import os
@@ -360,3 +361,19 @@ def test_two_boxes_cloned_from_one_image_get_keys_and_ids_of_their_own(world):
     world.stop_box()
     world.start_box()
     assert json.loads(world.admin("status", "--json").stdout)["publicKey"] == clone["publicKey"]
+
+
+def test_doctor_listens_for_the_boxes_nearby(world):
+    """doctor listens on the box's radio for 3 s beside the daemon, and hears the other boxes.
+    (A box with this box's ID and another key is a warning: `DoctorTests`. On the simulated air
+    one ID has one address, so two such boxes cannot be on it at once.)"""
+    world.start_box()
+    first = copy.deepcopy(world.settings), world.socket, world.box_log
+    world.settings["box"] = {"id": "4822", "state_directory": f"{world.work}/box-4822"}
+    world.socket = os.path.join(world.work, "run", "pam-4822.sock")
+    world.settings["pam"]["socket"] = world.socket
+    world.box_log = os.path.join(world.work, "boxkeyd-4822.log")
+    world.start_box()
+    world.settings, world.socket, world.box_log = first
+    r = world.admin("doctor")
+    assert "4821: no other box nearby advertises it (heard 1 other box(es) in 3 s)" in r.stdout, r.stdout

@@ -100,24 +100,30 @@ public enum Daemon {
     }
 
     static func nearbyBoxIDs(_ scanner: any CentralRadio, for duration: Duration) async -> Set<BoxID> {
+        Set(await nearbyAdvertisements(scanner, for: duration).map(\.boxID))
+    }
+
+    /// The Boxkey advertisements heard within `duration` (each box's first).
+    public static func nearbyAdvertisements(_ scanner: any CentralRadio, for duration: Duration) async -> [Advertisement] {
         let results = scanner.scan(ScanFilter(serviceUUIDs: [BoxkeyProtocol.serviceUUID]))
         let clock = MonotonicClock()
-        return await withTaskGroup(of: Set<BoxID>?.self) { group in
+        return await withTaskGroup(of: [Advertisement]?.self) { group in
             group.addTask { try? await clock.sleep(for: duration); return nil }
             group.addTask {
-                var heard: Set<BoxID> = []
+                var heard: [Advertisement] = []
                 do {
                     for try await r in results {
                         if let payload = r.advertisement.manufacturerData[BoxkeyProtocol.companyID],
-                           let advert = try? Advertisement.decode(payload) { heard.insert(advert.boxID) }
+                           let advert = try? Advertisement.decode(payload),
+                           !heard.contains(where: { $0.boxID == advert.boxID && $0.keyHint == advert.keyHint }) { heard.append(advert) }
                     }
                 } catch {}
                 return heard
             }
             _ = await group.next()
             group.cancelAll()
-            var all: Set<BoxID> = []
-            for await ids in group { if let ids { all.formUnion(ids) } }
+            var all: [Advertisement] = []
+            for await found in group { if let found { all += found } }
             return all
         }
     }
