@@ -138,8 +138,8 @@ def test_a_directory_that_gains_syncprov_is_followed_again_without_a_restart_of_
         directory.stop()
         directory._run("slapadd", "-n0", "-F", os.path.join(directory.dir, "slapd.d"), input=documented_syncprov())
         directory.start()
-        wait_for(lambda: "following its changes" in world.box_output(), timeout=30, what="the box following once syncprov is there")
-        assert status().startswith("following"), status()
+        # (The log says "following its changes" only when the phone count changed: status says it.)
+        wait_for(lambda: status().startswith("following"), timeout=30, what="the box following once syncprov is there")
     finally:
         directory.stop()
 
