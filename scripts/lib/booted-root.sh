@@ -7,7 +7,10 @@
 #                              are left in $root_args
 #   root_make DIR PACKAGE...   a minimal root of $root_suite with these packages (mmdebstrap; apt
 #                              lists kept, so the packages under test pull their dependencies
-#                              from the mirror)
+#                              from the mirror). With `--make-root-only DIR` among the caller's
+#                              arguments it makes the root at DIR and the caller exits there;
+#                              with $BOXKEY_PREMADE_ROOT (a root made so, by scripts/test while
+#                              the packages build) it takes that one instead of making one
 #   root_boot DIR [ARG...]     boots it (extra systemd-nspawn arguments); sets $root_init, the
 #                              root's PID 1 seen from here, once its systemd answers
 #   inside CMD...              runs CMD in the booted root as root, with a clean environment
@@ -23,10 +26,13 @@ root_init=
 root_console=
 
 # The supported releases: Debian 12 (bookworm, oldstable) and Debian 13 (trixie, stable).
+root_only=
+
 root_suite() {
   root_args=()
   while [ $# -gt 0 ]; do
     case "$1" in
+      --make-root-only) root_only=${2:?--make-root-only needs a folder}; shift 2 ;;
       --suite) root_suite=${2:?--suite needs bookworm or trixie}; shift 2 ;;
       --suite=*) root_suite=${1#--suite=}; shift ;;
       *) root_args+=("$1"); shift ;;
@@ -48,6 +54,16 @@ root_make() {
   local dir=$1
   shift
   local IFS=,
+  if [ -n "$root_only" ]; then
+    rmdir "$dir" 2>/dev/null || true
+    mmdebstrap --quiet --variant=minbase --skip=cleanup/apt/lists --include="$*" "$root_suite" "$root_only"
+    touch "$root_only.made"  # whole: a root mmdebstrap left half-made is never taken
+    exit 0
+  fi
+  if [ -n "${BOXKEY_PREMADE_ROOT:-}" ] && [ -f "$BOXKEY_PREMADE_ROOT.made" ]; then
+    rmdir "$dir" && mv "$BOXKEY_PREMADE_ROOT" "$dir"
+    return
+  fi
   mmdebstrap --quiet --variant=minbase --skip=cleanup/apt/lists --include="$*" "$root_suite" "$dir"
 }
 
