@@ -127,7 +127,7 @@ def many_boxes(world, directory, key, short):
     only their fleet service works: the directory's CPU over an idle window, then revocations
     (ldapmodify) → the time until each box's log says it dropped the phone; for boxes that
     follow the directory and for boxes that read it whole every refresh_s (the default 60 s)."""
-    count, window, rounds = (10, 10, 3) if short else (100, 60, 10)
+    count, window, rounds = (10, 10, 2) if short else (100, 60, 10)
     [value] = [v for v in directory.phones("alice") if v.startswith(key)]
     revoke = f"dn: uid=alice,{PEOPLE}\nchangetype: modify\ndelete: boxkeyPhone\nboxkeyPhone: {value}\n"
     enrol = revoke.replace("delete:", "add:")

@@ -225,7 +225,7 @@ func loadRun(phones: Int, rounds: Int, crossProcess: Bool, warmup: Int = 0, fast
 }
 
 func loadFigures() async throws {
-    let rounds = short ? 10 : 100
+    let rounds = short ? 5 : 100
     let phones = 8
     for crossProcess in [false, true] {
         let single = try await loadRun(phones: 1, rounds: rounds, crossProcess: crossProcess)
@@ -248,7 +248,7 @@ func loadFigures() async throws {
 /// Figure 5b: the box's process alone (no phone in it) over many logins through the
 /// cross-process radio: how much its RSS grows after a warm-up.
 func boxMemoryGrowth() async throws {
-    let logins = short ? 100 : 1000
+    let logins = short ? 50 : 1000
     let warmup = 20  // pools, caches, the first allocations
     let run = try await loadRun(phones: 1, rounds: warmup + logins, crossProcess: true, warmup: warmup, fast: true)
     let grew = run.rss.after - run.rss.warm
