@@ -287,9 +287,12 @@ BK_EXPORT int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, const
     }
     /* Nobody named yet (a greeter's "other user"): who, first, as the program would ask. A
      * prompt for nobody takes no push (Enter there would log in whoever's push waited). */
-    /* A name longer than the wire carries would be cut, and could then match another's. */
+    /* A name longer than the wire carries would be cut, and could then match another's; so
+     * could one that is not text the wire takes as is (a stray byte grows into U+FFFD, a
+     * control character becomes a space): such a name gets no phone login, only the prompt. */
     char user[BK_MAX_TEXT + 1] = "";
-    if (strlen(or_empty(bk_item(pamh, PAM_USER))) > BK_MAX_TEXT) return step_aside(pamh, &o);
+    const char *named = or_empty(bk_item(pamh, PAM_USER));
+    if (strlen(named) > BK_MAX_TEXT || !bk_valid_text((const uint8_t *)named, strlen(named))) return step_aside(pamh, &o);
     snprintf(user, sizeof user, "%s", or_empty(bk_item(pamh, PAM_USER)));
     for (int i = 0; i < MAX_EMPTY_ENTERS && !*user; i++) {
         char prompt[256];

@@ -192,3 +192,17 @@ def test_a_signal_during_the_wait_after_enter_leaves_echo_on_or_ends_it_at_once(
         assert ended > 0.5, f"{sig.name} ended the wait after {ended:.2f} s: it was not held"
     os.close(master)
     os.close(slave)
+
+
+@pytest.mark.parametrize("name", [b"U" * 253 + b"\xff", b"alice\x01"], ids=["grows-past-255", "control-character"])
+def test_a_program_supplied_name_the_wire_cannot_carry_as_is_gets_no_phone_login(lab, name):
+    """Review: a PAM_USER set by the program (`su NAME`) was checked for length only. The
+    module's writer turns a stray byte into U+FFFD (3 bytes) and a control character into a
+    space, so `su $'<253 × U>\\xff'` reached the daemon as the 253-byte name of another account
+    (and `alice\\x01` as `alice `). Such a name now gets no phone login: the prompt alone."""
+    lab.service("", "password=right")
+    d = lab.daemon({"U" * 253: push("U" * 253, "right")})
+    env = lab.env("right")
+    r = subprocess.run([os.path.join(os.path.dirname(lab.sock), "pam_app"), "attacked", name, "auth"], env=env,
+                       capture_output=True, timeout=60)
+    assert not [s for s in d.seen if s[1] == 0x02], f"the daemon was asked for a push for {d.seen[:1]}"
