@@ -19,6 +19,8 @@
 #define BOXKEY_LDAP_MAX_DN 2048
 #define BOXKEY_LDAP_MAX_NAME 256
 #define BOXKEY_LDAP_MAX_VALUE 1024
+/* Entries of a search without paging, at most (the box's own cap on a roster). */
+#define BOXKEY_LDAP_MAX_UNPAGED 200000
 
 static int fail(int rc, LDAP *ld, const char *what, char *err, size_t err_len) {
     char *diagnostic = NULL;
@@ -158,6 +160,56 @@ static int hand_over(LDAP *ld, LDAPMessage *e, const char *names_attr, const cha
     return stop;
 }
 
+/* One page of a search: its entries handed over as they arrive, one message at a time (a page
+   taken whole by ldap_search_ext_s would be held before any count: a directory that ignores the
+   page size could fill it without limit), at most `most` of them, then its result message in
+   `*result` (the caller parses and frees it). Returns the search's code (LDAP_SIZELIMIT_EXCEEDED,
+   the reason in err, for more entries than asked for); `*stop` is what the last callback said. */
+static int search_page(LDAP *ld, const char *base, const char *filter, char **attrs, LDAPControl **controls, int most,
+                       const char *names_attr, const char *values_attr, boxkey_ldap_entry each, void *context,
+                       int *stop, LDAPMessage **result, char *err, size_t err_len) {
+    int msgid = 0, entries = 0;
+    *result = NULL;
+    int rc = ldap_search_ext(ld, base, LDAP_SCOPE_SUBTREE, filter, attrs, 0, controls, NULL, NULL, LDAP_NO_LIMIT, &msgid);
+    if (rc != LDAP_SUCCESS) return rc;
+    struct timeval *limit = NULL, wait = { 60, 0 };
+    if (ldap_get_option(ld, LDAP_OPT_TIMEOUT, &limit) == LDAP_OPT_SUCCESS && limit) { wait = *limit; ldap_memfree(limit); }
+    for (;;) {
+        LDAPMessage *msg = NULL;
+        int type = ldap_result(ld, msgid, LDAP_MSG_ONE, &wait, &msg);
+        if (type == 0) {
+            ldap_abandon_ext(ld, msgid, NULL, NULL);
+            return LDAP_TIMEOUT;
+        }
+        if (type < 0) {
+            int code = 0;
+            ldap_get_option(ld, LDAP_OPT_RESULT_CODE, &code);
+            return code ? code : LDAP_SERVER_DOWN;
+        }
+        if (type == LDAP_RES_SEARCH_RESULT) {
+            *result = msg;
+            int code = LDAP_OTHER;
+            if (ldap_parse_result(ld, msg, &code, NULL, NULL, NULL, NULL, 0) != LDAP_SUCCESS) code = LDAP_DECODING_ERROR;
+            return code;
+        }
+        if (type == LDAP_RES_SEARCH_ENTRY) {
+            if (++entries > most) {
+                ldap_msgfree(msg);
+                ldap_abandon_ext(ld, msgid, NULL, NULL);
+                snprintf(err, err_len, "search failed: the directory sent more than %d entries in one page", most);
+                return LDAP_SIZELIMIT_EXCEEDED;
+            }
+            *stop = hand_over(ld, msg, names_attr, values_attr, -1, NULL, each, NULL, context);
+            if (*stop) {  /* the caller has what it needs, or cannot take more: the rest is not read */
+                ldap_msgfree(msg);
+                ldap_abandon_ext(ld, msgid, NULL, NULL);
+                return LDAP_SUCCESS;
+            }
+        }
+        ldap_msgfree(msg);  /* an entry handed over, or a reference */
+    }
+}
+
 int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter,
                        const char *names_attr, const char *values_attr, int page_size,
                        boxkey_ldap_entry each, void *context, int *requests,
@@ -182,20 +234,18 @@ int boxkey_ldap_search(boxkey_ldap *handle, const char *base, const char *filter
             controls[0] = page;
         }
         LDAPMessage *result = NULL;
-        rc = ldap_search_ext_s(ld, base, LDAP_SCOPE_SUBTREE, filter, attrs, 0,
-                               page ? controls : NULL, NULL, NULL, LDAP_NO_LIMIT, &result);
+        rc = search_page(ld, base, filter, attrs, page ? controls : NULL, page_size > 0 ? page_size : BOXKEY_LDAP_MAX_UNPAGED,
+                         names_attr, values_attr, each, context, &stop, &result, err, err_len);
         (*requests)++;
         if (page) ldap_control_free(page);
-        if (rc != LDAP_SUCCESS && rc != LDAP_PARTIAL_RESULTS) {
-            fail(rc, ld, "search failed", err, err_len);
+        if (rc == LDAP_SIZELIMIT_EXCEEDED && !stop) break;  /* more entries in a page than asked for: err says */
+        if (rc != LDAP_SUCCESS && rc != LDAP_PARTIAL_RESULTS && !stop) {
+            if (!err[0]) fail(rc, ld, "search failed", err, err_len);
             ldap_msgfree(result);
             break;
         }
-        for (LDAPMessage *e = ldap_first_entry(ld, result); e && !stop; e = ldap_next_entry(ld, e)) {
-            stop = hand_over(ld, e, names_attr, values_attr, -1, NULL, each, NULL, context);
-            if (stop == -2) rc = LDAP_SIZELIMIT_EXCEEDED;
-            else if (stop < 0) rc = LDAP_NO_MEMORY;
-        }
+        if (stop == -2) rc = LDAP_SIZELIMIT_EXCEEDED;
+        else if (stop < 0) rc = LDAP_NO_MEMORY;
         if (cookie) { ber_bvfree(cookie); cookie = NULL; }
         if (page_size > 0 && !stop) {
             LDAPControl **returned = NULL;

@@ -68,6 +68,13 @@ def entry(message_id, dn, attributes, state_value):
     return message(message_id, sequence(octets(dn), attrs, tag=0x64), controls(control(SYNC_STATE, state_value)))
 
 
+def plain_entry(message_id, dn, attributes):
+    """A SearchResultEntry with no control."""
+    attrs = sequence(*(sequence(octets(name), sequence(*(octets(v) for v in values), tag=0x31))
+                       for name, values in attributes.items()))
+    return message(message_id, sequence(octets(dn), attrs, tag=0x64))
+
+
 def sync_info(message_id, value):
     """An IntermediateResponse carrying a syncInfoValue (bytes, as sent)."""
     return message(message_id, sequence(octets(SYNC_INFO, tag=0x80), octets(value, tag=0x81), tag=0x79))
@@ -80,11 +87,12 @@ def search_done(message_id, code=0, page_cookie=None):
 
 
 class FakeDirectory:
-    def __init__(self, work, on_sync=lambda message_id: [], endless_pages=False):
+    def __init__(self, work, on_sync=lambda message_id: [], endless_pages=False, entries_per_page=0):
         self.path = os.path.join(work, "fake-ldap.sock")
         self.uri = "ldapi://" + self.path.replace("/", "%2F")
         self.on_sync = on_sync
         self.endless_pages = endless_pages  # every page of a paged search says more are to come
+        self.entries_per_page = entries_per_page  # entries in each page, whatever size was asked
         self.searches = 0  # searches other than the stream
         self.syncs = 0  # content-synchronisation searches asked for
         self.binds = 0
@@ -153,6 +161,9 @@ class FakeDirectory:
                 elif op == 0x63:  # any other search: nothing found
                     self.searches += 1
                     paged = self.endless_pages and PAGED_RESULTS.encode() in pdu
+                    if self.entries_per_page and PAGED_RESULTS.encode() in pdu:
+                        one = plain_entry(message_id, "uid=x,ou=people,dc=example,dc=org", {"uid": ["x"]})
+                        conn.sendall(one * self.entries_per_page)
                     conn.sendall(search_done(message_id, page_cookie=b"more" if paged else None))
                 elif op == 0x42:  # UnbindRequest
                     return

@@ -110,3 +110,15 @@ def test_a_directory_cannot_fill_the_boxs_memory_with_big_entries(world, dn_mib,
     print(f"{entries} entries of {dn_mib} MiB DNs: boxkeyd at {rss:.0f} MiB; {error}")
     if dn_mib < 4:
         assert "larger than a user's can be" in error, error
+
+
+def test_a_page_larger_than_asked_for_is_refused_as_it_arrives(world):
+    """Review: the paged read took each page whole (ldap_search_ext_s) before the box counted
+    it, so a directory that ignores the page size (1,000) could fill one page without limit.
+    Entries are now handed over as they arrive, and the 1,001st of a page ends the read."""
+    fake = FakeDirectory(world.work, entries_per_page=1500)
+    world.settings["fleet"] = fake.fleet_settings(world.work, refresh_s=5, follow=False)
+    world.start_box()
+    wait_for(lambda: "more than 1000 entries in one page" in (fleet_status(world).get("error") or ""), timeout=30,
+             what=lambda: f"the box refusing the oversized page: {fleet_status(world)}")
+    assert world.box_process.poll() is None
