@@ -60,19 +60,17 @@ def sync_state(state=SYNC_ADD, uuid=UUID):
     return sequence(integer(state, tag=0x0A), octets(uuid))
 
 
+def plain_entry(message_id, dn, attributes, extra=b""):
+    """A SearchResultEntry (`extra`: its controls, as `controls` makes them)."""
+    attrs = sequence(*(sequence(octets(name), sequence(*(octets(v) for v in values), tag=0x31))
+                       for name, values in attributes.items()))
+    return message(message_id, sequence(octets(dn), attrs, tag=0x64), extra)
+
+
 def entry(message_id, dn, attributes, state_value):
     """A SearchResultEntry with a Sync State control whose value is `state_value` (bytes; None:
     no value)."""
-    attrs = sequence(*(sequence(octets(name), sequence(*(octets(v) for v in values), tag=0x31))
-                       for name, values in attributes.items()))
-    return message(message_id, sequence(octets(dn), attrs, tag=0x64), controls(control(SYNC_STATE, state_value)))
-
-
-def plain_entry(message_id, dn, attributes):
-    """A SearchResultEntry with no control."""
-    attrs = sequence(*(sequence(octets(name), sequence(*(octets(v) for v in values), tag=0x31))
-                       for name, values in attributes.items()))
-    return message(message_id, sequence(octets(dn), attrs, tag=0x64))
+    return plain_entry(message_id, dn, attributes, controls(control(SYNC_STATE, state_value)))
 
 
 def sync_info(message_id, value):

@@ -1,6 +1,7 @@
 """The shipped documentation: every page a shipped page links is in the same package, and
 every version the docs name is the release's (debian/changelog is the one place it is set)."""
 import glob
+import json
 import os
 import re
 import subprocess
@@ -63,7 +64,6 @@ def man_keys(after, until):
 def test_boxkeyd_8_names_the_keys_status_json_has(world):
     """boxkeyd(8) lists the keys of `boxkeyd status --json`: each one the daemon prints is
     there, and each one there is one it prints (`fleet` and `lastReload` only when they apply)."""
-    import json
     world.start_box()
     printed = set(json.loads(world.admin("status", "--json").stdout))
     documented = man_keys("print one JSON object instead, with the keys", ".TP")
@@ -72,7 +72,6 @@ def test_boxkeyd_8_names_the_keys_status_json_has(world):
 
 
 def test_boxkeyd_8_names_the_keys_doctor_json_has(world):
-    import json
     r = world.admin("doctor", "--json")
     findings = json.loads(r.stdout)["findings"]
     printed = set().union(*(f.keys() for f in findings))

@@ -174,6 +174,25 @@ def set_password(world, user, password):
         open(path, "w").writelines(lines + [f"{user}:{password}:{service}\n"])
 
 
+def slow_verify(world, seconds):
+    """The box's own password service (boxkey-verify) takes `seconds` before it answers."""
+    path = os.path.join(world.box_pam, "boxkey-verify")
+    with open(path) as f:
+        verify = f.read()
+    with open(path, "w") as f:
+        f.write(f"auth required pam_exec.so quiet /bin/sleep {seconds}\n" + verify)
+
+
+def sealed_then_changed(world):
+    """An escrow box where alice's phone holds a sealed copy of a password changed since."""
+    world.settings["login"] = {"mode": "escrow"}
+    world.start_box()
+    enrol_escrow(world)
+    r, code, _ = capture(world)
+    assert r.returncode == 0 and code == 0, r.stderr
+    set_password(world, "alice", "a new horse")
+
+
 @pytest.mark.both_radios
 def test_escrow_mode_seals_the_typed_password_then_logs_in_with_the_phone(world):
     world.settings["login"] = {"mode": "escrow"}
@@ -203,12 +222,7 @@ def test_escrow_mode_seals_the_typed_password_then_logs_in_with_the_phone(world)
 
 
 def test_a_changed_password_destroys_the_sealed_copy_and_is_picked_up_at_the_next_typed_login(world):
-    world.settings["login"] = {"mode": "escrow"}
-    world.start_box()
-    enrol_escrow(world)
-    r, code, _ = capture(world)
-    assert r.returncode == 0 and code == 0, r.stderr
-    set_password(world, "alice", "a new horse")
+    sealed_then_changed(world)
     greeter = world.greeter()
     r = world.phone("login", "--no-stay")
     code, out = world.finish(greeter)
@@ -226,16 +240,8 @@ def test_the_verdict_is_acknowledged_at_once_while_the_box_checks_the_sealed_pas
     service (pam_unix delays a failure ~2 s) before destroying it. The daemon answered the
     module's report only after that check, and the module waits 1 s for the answer: the login
     stalled 1 s and logged a false "could not report the outcome"."""
-    world.settings["login"] = {"mode": "escrow"}
-    world.start_box()
-    enrol_escrow(world)
-    r, code, _ = capture(world)
-    assert r.returncode == 0 and code == 0, r.stderr
-    set_password(world, "alice", "a new horse")
-    with open(os.path.join(world.box_pam, "boxkey-verify")) as f:
-        verify = f.read()
-    with open(os.path.join(world.box_pam, "boxkey-verify"), "w") as f:
-        f.write("auth required pam_exec.so quiet /bin/sleep 2\n" + verify)
+    sealed_then_changed(world)
+    slow_verify(world, 2)
     greeter = world.greeter()
     r = world.phone("login", "--no-stay")
     code, out = world.finish(greeter)
@@ -476,10 +482,7 @@ def test_revoking_while_the_typed_password_is_checked_seals_nothing(world):
     """Revocation answers a stolen phone: a capture whose check is still running when the phone
     is revoked must not leave a sealed copy behind (the stolen phone's secret would open it)."""
     world.settings["login"] = {"mode": "escrow"}
-    with open(os.path.join(world.box_pam, "boxkey-verify")) as f:
-        verify = f.read()
-    with open(os.path.join(world.box_pam, "boxkey-verify"), "w") as f:
-        f.write("auth required pam_exec.so quiet /bin/sleep 3\n" + verify)
+    slow_verify(world, 3)
     world.start_box()
     enrol_escrow(world)
     greeter = world.greeter("authenticate", stdin=None)
